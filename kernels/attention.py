@@ -1,0 +1,468 @@
+"""Fused GAAC decode attention (q_len = 1 per sequence) over a paged, compressed KV cache.
+
+Contract (what ``gaac_hf.cache`` calls; all tensors on one CUDA device, no host sync, CUDA-graph safe)
+------------------------------------------------------------------------------------------------------
+Per layer, K and V each have:
+
+    slots      uint8 [num_slots, geometry.slot_bytes]   compressed blocks (codec slot layout)
+    raw        bf16  [num_raw, T, D]                     blocks whose encoding did not fit (raw fallback)
+    table      int32 [B, Hkv, max_blocks]                one entry per complete block of each (seq, kv-head)
+    tail       bf16  [B, Hkv, T, D]                      the incomplete last block, uncompressed
+    base8/16   uint8 [Hkv, D]                            calibrated window starts of this layer/kind
+
+shared by K and V:
+
+    num_blocks int32 [B]   complete blocks per sequence (entries table[b, :, :num_blocks[b]] are valid)
+    tail_len   int32 [B]   valid tokens in tail[b] (0 <= tail_len <= T)
+    kv_start   int32 [B]   optional: positions < kv_start[b] are masked out (left padding)
+
+Block-table encoding: ``e = table[b, h, i]``; ``e >= 0`` -> block is compressed in ``slots[e]``;
+``e < 0`` -> block is raw in ``raw[-1 - e]`` (i.e. ``~e``). Token ``i*T + t`` of sequence b is token t
+of block i; the tail's token t is position ``num_blocks[b]*T + t``. Sequence length =
+``num_blocks*T + tail_len``. K and V have separate tables because a K block and its V block can fit
+or overflow independently. Pools may be shared by all layers (indices are global rows).
+
+    out = gaac_decode_attention(q, k_slots, v_slots, k_raw, v_raw, k_table, v_table, k_tail, v_tail,
+                                num_blocks, tail_len, k_base8, k_base16, v_base8, v_base16, geometry,
+                                scale=None, kv_start=None, num_splits=None, out=None)
+    q: bf16 [B, Hq, D] (Hq % Hkv == 0, query head h uses kv head h // (Hq // Hkv))  -> out bf16 [B, Hq, D]
+
+``bf16_decode_attention(q, k_raw, v_raw, k_table, v_table, k_tail, v_tail, num_blocks, tail_len, ...)``
+is the same kernel compiled without the compressed path (every table entry must be negative): the BF16
+baseline over an uncompressed paged cache. ``pack_paged_kv`` builds all of the above from dense
+``[B, Hkv, S, D]`` K/V (tests, benchmarks, prefill).
+
+Kernel structure (flash-decoding)
+---------------------------------
+Grid ``(B * Hkv, num_splits)``: program (b, h, s) walks blocks ``[s*bps, (s+1)*bps)`` of sequence b,
+clipped on the device to ``num_blocks[b] + 1`` (the extra virtual block is the tail), so the launch
+shape depends only on host ints (B, Hkv, max_blocks): no host sync, capturable in a CUDA graph.
+Each K/V tile is decoded ONCE into registers and used by all ``Hq/Hkv`` query heads of the group,
+padded to 16 rows for ``tl.dot``. Online softmax in base 2; each split writes (o, lse) and a second
+small kernel merges the splits by LSE and rounds to BF16 (round-to-nearest-even done with integer ops,
+so CPU interpreter and GPU agree).
+
+Bit identity GAAC vs BF16: for every block the kernel produces the tile's 16-bit patterns in an int16
+register tile (decoded from a slot, or loaded from raw/tail), and one shared code path after that
+feeds ``tl.dot``. Since decode is bit-exact, GAAC's output equals the same kernel on the raw cache.
+The baseline is compiled with KV_MODE=1 (no compressed branch); on the GPU the test checks bits of
+both, and ``bf16_decode_attention(..., same_path=True)`` runs the mixed kernel on an all-raw table,
+which is identical by construction.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from gaac_hf.format import BlockGeometry
+
+from ._tile import INTERPRET, decode_block_bits, tile_index
+from .encode import _check_geometry, encode_blocks_triton
+
+NEG = -1.0e30  # finite "minus infinity": fully masked rows stay NaN-free
+
+
+@triton.jit
+def _load_tile(
+    SLOTS, RAW, TAIL, e, is_blk, vlen, tail_off, b8, b16,
+    SLOT_BYTES: tl.constexpr, LO2_OFF: tl.constexpr, HI1_OFF: tl.constexpr, TAG_OFF: tl.constexpr,
+    ESC_OFF: tl.constexpr, CAP: tl.constexpr, T: tl.constexpr, D: tl.constexpr, KV_MODE: tl.constexpr,
+):
+    """Bits of one K or V tile as int16 ``[T, D]``: decoded slot (e >= 0), raw block or tail."""
+    if KV_MODE == 0:
+        if e >= 0:
+            bits = decode_block_bits(
+                SLOTS + e.to(tl.int64) * SLOT_BYTES, b8, b16, LO2_OFF, HI1_OFF, TAG_OFF, ESC_OFF, CAP, T, D
+            ).to(tl.int16)
+        else:
+            bits = _load_raw(RAW, TAIL, e, is_blk, vlen, tail_off, T, D)
+    else:
+        bits = _load_raw(RAW, TAIL, e, is_blk, vlen, tail_off, T, D)
+    return tl.reshape(bits, [T, D])
+
+
+@triton.jit
+def _load_raw(RAW, TAIL, e, is_blk, vlen, tail_off, T: tl.constexpr, D: tl.constexpr):
+    """int16 ``[T, Q, 4, 8]`` bits of a raw block (row ``-1-e`` of the raw pool) or of the tail."""
+    grp, elem, chan, t, q, i, j = tile_index(T, D)
+    if is_blk:
+        ptr = RAW + (-1 - e).to(tl.int64) * (T * D)
+    else:
+        ptr = TAIL + tail_off
+    return tl.load(ptr + elem, mask=t < vlen, other=0)
+
+
+@triton.jit
+def _as_dot_operand(bits, FP32_DOT: tl.constexpr):
+    """int16 BF16 bit patterns -> dot operand. Under the CPU interpreter: the exact fp32 value."""
+    if FP32_DOT:
+        return (bits.to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    else:
+        return bits.to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def _attn_split_kernel(
+    Qb,  # *int16 [B, HQ, D]
+    K_SLOTS, V_SLOTS,  # *uint8 [*, SLOT_BYTES]
+    K_RAW, V_RAW,  # *int16 [*, T, D]
+    K_TABLE, V_TABLE,  # *int32 [B, HKV, MAXB]
+    K_TAIL, V_TAIL,  # *int16 [B, HKV, T, D]
+    KB8, KB16, VB8, VB16,  # *uint8 [HKV, D]
+    NUM_BLOCKS, TAIL_LEN, KV_START,  # *int32 [B]
+    PART_O,  # *fp32 [B, HQ, S, D]
+    PART_L,  # *fp32 [B, HQ, S]
+    scale_log2,
+    MAXB,
+    BPS,  # blocks per split
+    S,  # splits
+    HKV: tl.constexpr,
+    GQ: tl.constexpr,  # query heads per kv head
+    QP: tl.constexpr,  # GQ padded to >= 16 (tl.dot minimum)
+    SLOT_BYTES: tl.constexpr, LO2_OFF: tl.constexpr, HI1_OFF: tl.constexpr, TAG_OFF: tl.constexpr,
+    ESC_OFF: tl.constexpr, CAP: tl.constexpr,
+    T: tl.constexpr,
+    D: tl.constexpr,
+    KV_MODE: tl.constexpr,  # 0: compressed + raw blocks; 1: raw only (BF16 baseline)
+    HAS_START: tl.constexpr,
+    FP32_DOT: tl.constexpr,
+):
+    bh = tl.program_id(0)
+    split = tl.program_id(1)
+    b = bh // HKV
+    h = bh % HKV
+    HQ: tl.constexpr = HKV * GQ
+
+    r = tl.arange(0, QP)
+    d = tl.arange(0, D)
+    qrow = b * HQ + h * GQ + r  # [QP]
+    qbits = tl.load(Qb + qrow[:, None] * D + d[None, :], mask=(r < GQ)[:, None], other=0)
+    qm = _as_dot_operand(qbits, FP32_DOT)
+
+    if KV_MODE == 0:
+        _, _, chan, _, _, _, _ = tile_index(T, D)
+        kb8 = tl.load(KB8 + h * D + chan).to(tl.int32)
+        kb16 = tl.load(KB16 + h * D + chan).to(tl.int32)
+        vb8 = tl.load(VB8 + h * D + chan).to(tl.int32)
+        vb16 = tl.load(VB16 + h * D + chan).to(tl.int32)
+    else:
+        kb8 = 0
+        kb16 = 0
+        vb8 = 0
+        vb16 = 0
+
+    nb = tl.load(NUM_BLOCKS + b)
+    tlen = tl.load(TAIL_LEN + b)
+    if HAS_START:
+        start = tl.load(KV_START + b)
+    else:
+        start = 0
+    lo = split * BPS
+    hi = tl.minimum(lo + BPS, nb + 1)  # block nb is the tail
+    tab = bh.to(tl.int64) * MAXB
+    tail_off = bh.to(tl.int64) * (T * D)
+    tok = tl.arange(0, T)
+
+    m_i = tl.full([QP], NEG, tl.float32)
+    l_i = tl.zeros([QP], tl.float32)
+    acc = tl.zeros([QP, D], tl.float32)
+    for blk in range(lo, hi):
+        is_blk = blk < nb
+        ek = tl.load(K_TABLE + tab + blk, mask=is_blk, other=-1)
+        ev = tl.load(V_TABLE + tab + blk, mask=is_blk, other=-1)
+        vlen = tl.where(is_blk, T, tlen)
+        kt = _load_tile(K_SLOTS, K_RAW, K_TAIL, ek, is_blk, vlen, tail_off, kb8, kb16, SLOT_BYTES,
+                        LO2_OFF, HI1_OFF, TAG_OFF, ESC_OFF, CAP, T, D, KV_MODE)
+        s = tl.dot(qm, tl.trans(_as_dot_operand(kt, FP32_DOT))) * scale_log2  # [QP, T]
+        valid = tok < vlen
+        if HAS_START:
+            valid = valid & (blk * T + tok >= start)
+        s = tl.where(valid[None, :], s, NEG)
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.where(valid[None, :], tl.exp2(s - m_new[:, None]), 0.0)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        vt = _load_tile(V_SLOTS, V_RAW, V_TAIL, ev, is_blk, vlen, tail_off, vb8, vb16, SLOT_BYTES,
+                        LO2_OFF, HI1_OFF, TAG_OFF, ESC_OFF, CAP, T, D, KV_MODE)
+        if FP32_DOT:
+            pv = tl.dot(p, _as_dot_operand(vt, FP32_DOT))
+        else:
+            pv = tl.dot(p.to(tl.bfloat16), _as_dot_operand(vt, FP32_DOT))
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+
+    has = l_i > 0
+    o = acc / tl.where(has, l_i, 1.0)[:, None]
+    lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), NEG)
+    prow = qrow.to(tl.int64) * S + split
+    tl.store(PART_O + prow[:, None] * D + d[None, :], o, mask=(r < GQ)[:, None])
+    tl.store(PART_L + prow, lse, mask=r < GQ)
+
+
+@triton.jit
+def _merge_kernel(PART_O, PART_L, OUT, S, SP2: tl.constexpr, D: tl.constexpr):
+    """LSE-merge the splits of one (b, q-head) row and round to BF16 (RNE, integer ops)."""
+    row = tl.program_id(0).to(tl.int64)
+    sp = tl.arange(0, SP2)
+    d = tl.arange(0, D)
+    ms = sp < S
+    lse = tl.load(PART_L + row * S + sp, mask=ms, other=NEG)
+    mx = tl.max(lse, 0)
+    w = tl.where(lse > 0.5 * NEG, tl.exp2(lse - mx), 0.0)
+    o = tl.load(PART_O + (row * S + sp[:, None]) * D + d[None, :], mask=ms[:, None], other=0.0)
+    den = tl.sum(w, 0)
+    res = tl.sum(w[:, None] * o, 0) / tl.where(den > 0, den, 1.0)
+    u = res.to(tl.uint32, bitcast=True)
+    rne = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    bits = tl.where(nan, 0x7FC0, rne)
+    tl.store(OUT + row * D + d, bits.to(tl.uint16).to(tl.int16, bitcast=True))
+
+
+# ---------------------------------------------------------------------------------------------
+# launchers
+# ---------------------------------------------------------------------------------------------
+_SM_COUNT: dict = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 8
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNT[idx]
+
+
+def default_num_splits(batch: int, kv_heads: int, max_blocks: int, device: torch.device) -> int:
+    """Enough programs to fill the GPU about twice; each split walks >= 2 blocks."""
+    want = max(1, (2 * _sm_count(device) + batch * kv_heads - 1) // (batch * kv_heads))
+    return max(1, min(want, (max_blocks + 1 + 1) // 2))
+
+
+def _as_i16(t: torch.Tensor) -> torch.Tensor:
+    if t.dtype != torch.bfloat16:
+        raise TypeError(f"expected bfloat16, got {t.dtype}")
+    return t.view(torch.int16)
+
+
+def _launch(
+    q, k_slots, v_slots, k_raw, v_raw, k_table, v_table, k_tail, v_tail, num_blocks, tail_len,
+    bases, geometry: BlockGeometry, scale, kv_start, num_splits, out, kv_mode, num_warps, num_stages,
+):
+    B, HQ, D = q.shape
+    _, HKV, MAXB = k_table.shape
+    T = geometry.block_size
+    if D != geometry.head_dim or HQ % HKV:
+        raise ValueError(f"q [B, Hq, D] = {tuple(q.shape)} does not match head_dim {geometry.head_dim} / Hkv {HKV}")
+    if k_tail.shape != (B, HKV, T, D) or v_tail.shape != (B, HKV, T, D):
+        raise ValueError(f"tails must be bf16 [B, Hkv, T, D] = [{B}, {HKV}, {T}, {D}]")
+    for name, t in (("k_table", k_table), ("v_table", v_table)):
+        if t.dtype != torch.int32 or t.shape != (B, HKV, MAXB) or not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous int32 [B, Hkv, max_blocks]")
+    for t in (q, k_slots, v_slots, k_raw, v_raw, k_tail, v_tail):
+        if not t.is_contiguous():
+            raise ValueError("q, pools and tails must be contiguous")
+    GQ = HQ // HKV
+    QP = max(16, triton.next_power_of_2(GQ))
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)
+    S = num_splits or default_num_splits(B, HKV, MAXB, q.device)
+    BPS = (MAXB + 1 + S - 1) // S
+    part_o = torch.empty(B, HQ, S, D, dtype=torch.float32, device=q.device)
+    part_l = torch.empty(B, HQ, S, dtype=torch.float32, device=q.device)
+    if out is None:
+        out = torch.empty(B, HQ, D, dtype=torch.bfloat16, device=q.device)
+    has_start = kv_start is not None
+    g = geometry
+    kb8, kb16, vb8, vb16 = bases
+    _attn_split_kernel[(B * HKV, S)](
+        _as_i16(q), k_slots, v_slots, _as_i16(k_raw), _as_i16(v_raw), k_table, v_table,
+        _as_i16(k_tail), _as_i16(v_tail), kb8, kb16, vb8, vb16,
+        num_blocks, tail_len, kv_start if has_start else num_blocks, part_o, part_l,
+        scale * 1.4426950408889634, MAXB, BPS, S,
+        HKV=HKV, GQ=GQ, QP=QP, SLOT_BYTES=g.slot_bytes, LO2_OFF=g.lo2_offset, HI1_OFF=g.hi1_offset,
+        TAG_OFF=g.tag_offset, ESC_OFF=g.esc_offset, CAP=g.escape_capacity, T=T, D=D, KV_MODE=kv_mode,
+        HAS_START=has_start, FP32_DOT=INTERPRET, num_warps=num_warps, num_stages=num_stages,
+    )
+    _merge_kernel[(B * HQ,)](part_o, part_l, out.view(torch.int16), S, SP2=max(2, triton.next_power_of_2(S)), D=D)
+    return out
+
+
+def gaac_decode_attention(
+    q: torch.Tensor,
+    k_slots: torch.Tensor,
+    v_slots: torch.Tensor,
+    k_raw: torch.Tensor,
+    v_raw: torch.Tensor,
+    k_table: torch.Tensor,
+    v_table: torch.Tensor,
+    k_tail: torch.Tensor,
+    v_tail: torch.Tensor,
+    num_blocks: torch.Tensor,
+    tail_len: torch.Tensor,
+    k_base8: torch.Tensor,
+    k_base16: torch.Tensor,
+    v_base8: torch.Tensor,
+    v_base16: torch.Tensor,
+    geometry: BlockGeometry,
+    *,
+    scale: float | None = None,
+    kv_start: torch.Tensor | None = None,
+    num_splits: int | None = None,
+    out: torch.Tensor | None = None,
+    num_warps: int = 4,
+    num_stages: int = 1,
+) -> torch.Tensor:
+    """Decode attention of one new token per sequence over a GAAC paged cache (see module docstring).
+
+    Args:
+        q: bf16 ``[B, Hq, D]``.
+        k_slots, v_slots: uint8 ``[num_slots, slot_bytes]`` slot pools.
+        k_raw, v_raw: bf16 ``[num_raw, T, D]`` raw-fallback pools (at least one row).
+        k_table, v_table: int32 ``[B, Hkv, max_blocks]``; ``e >= 0`` slot, ``e < 0`` raw row ``-1-e``.
+        k_tail, v_tail: bf16 ``[B, Hkv, T, D]`` uncompressed tails.
+        num_blocks, tail_len: int32 ``[B]``.
+        k_base8 .. v_base16: uint8 ``[Hkv, D]``.
+        geometry: block format (group_axis "channel").
+        scale: softmax scale (default 1/sqrt(D)).
+        kv_start: optional int32 ``[B]``: positions < kv_start[b] are masked (left padding).
+        num_splits: context splits per (seq, kv-head); default fills the GPU.
+        out: optional bf16 ``[B, Hq, D]``.
+    Returns:
+        bf16 ``[B, Hq, D]``.
+    """
+    _check_geometry(geometry)
+    bases = tuple(b.contiguous() for b in (k_base8, k_base16, v_base8, v_base16))
+    for bb in bases:
+        if bb.dtype != torch.uint8 or bb.shape != (k_table.shape[1], geometry.head_dim):
+            raise ValueError(f"bases must be uint8 [Hkv, D], got {bb.dtype} {tuple(bb.shape)}")
+    return _launch(q, k_slots, v_slots, k_raw, v_raw, k_table, v_table, k_tail, v_tail, num_blocks,
+                   tail_len, bases, geometry, scale, kv_start, num_splits, out, 0, num_warps, num_stages)
+
+
+def bf16_decode_attention(
+    q: torch.Tensor,
+    k_raw: torch.Tensor,
+    v_raw: torch.Tensor,
+    k_table: torch.Tensor,
+    v_table: torch.Tensor,
+    k_tail: torch.Tensor,
+    v_tail: torch.Tensor,
+    num_blocks: torch.Tensor,
+    tail_len: torch.Tensor,
+    geometry: BlockGeometry,
+    *,
+    scale: float | None = None,
+    kv_start: torch.Tensor | None = None,
+    num_splits: int | None = None,
+    out: torch.Tensor | None = None,
+    num_warps: int = 4,
+    num_stages: int = 1,
+    same_path: bool = False,
+) -> torch.Tensor:
+    """BF16 baseline: the same kernel over an uncompressed paged cache (all table entries < 0).
+
+    ``same_path=False`` compiles the kernel without the compressed branch (KV_MODE=1: the fair speed
+    baseline). ``same_path=True`` runs the GAAC kernel itself on the all-raw table (bit identity by
+    construction). Shapes as in :func:`gaac_decode_attention`; only geometry.block_size/head_dim matter.
+    """
+    hkv, d = k_table.shape[1], geometry.head_dim
+    dummy_slots = torch.zeros(1, geometry.slot_bytes, dtype=torch.uint8, device=q.device)
+    zb = torch.zeros(hkv, d, dtype=torch.uint8, device=q.device)
+    return _launch(q, dummy_slots, dummy_slots, k_raw, v_raw, k_table, v_table, k_tail, v_tail, num_blocks,
+                   tail_len, (zb, zb, zb, zb), geometry, scale, kv_start, num_splits, out,
+                   0 if same_path else 1, num_warps, num_stages)
+
+
+# ---------------------------------------------------------------------------------------------
+# building a paged cache from dense K/V (tests, benchmarks, prefill) and the fp64 reference
+# ---------------------------------------------------------------------------------------------
+def pack_paged_kv(
+    x: torch.Tensor,
+    seq_lens: list[int],
+    base8: torch.Tensor | None,
+    base16: torch.Tensor | None,
+    geometry: BlockGeometry,
+    *,
+    compress: bool = True,
+    force_raw: torch.Tensor | None = None,
+) -> dict:
+    """Dense bf16 ``[B, Hkv, S, D]`` (sequence b valid in ``[:seq_lens[b]]``) -> one K or V paged cache.
+
+    Complete blocks are encoded with the Triton encoder (``compress=False``: every block raw, the BF16
+    baseline's cache). Blocks that overflow their slot, and blocks where ``force_raw`` (bool, one per
+    complete block in (b, h, i) order) is set, go to the raw pool.
+    Returns dict(slots, raw, table, tail, num_blocks, tail_len, max_blocks, fits_fraction).
+    """
+    B, H, S, D = x.shape
+    T = geometry.block_size
+    dev = x.device
+    nbs = [n // T for n in seq_lens]
+    maxb = max(1, max(nbs))
+    blocks = [x[b, h, i * T:(i + 1) * T] for b in range(B) for h in range(H) for i in range(nbs[b])]
+    n = len(blocks)
+    table = torch.zeros(B, H, maxb, dtype=torch.int32, device=dev)
+    tail = torch.zeros(B, H, T, D, dtype=torch.bfloat16, device=dev)
+    for b in range(B):
+        r = seq_lens[b] - nbs[b] * T
+        tail[b, :, :r] = x[b, :, nbs[b] * T: seq_lens[b]]
+    if n:
+        blk = torch.stack(blocks)
+        if compress:
+            heads = torch.tensor([h for b in range(B) for h in range(H) for _ in range(nbs[b])], device=dev)
+            enc = encode_blocks_triton(blk, base8[heads], base16[heads], geometry)
+            fits = enc.fits.clone()
+            if force_raw is not None:
+                fits &= ~force_raw.to(dev)
+        else:
+            enc = None
+            fits = torch.zeros(n, dtype=torch.bool, device=dev)
+        slot_idx = torch.cumsum(fits.int(), 0) - 1
+        raw_idx = torch.cumsum((~fits).int(), 0) - 1
+        entry = torch.where(fits, slot_idx, -1 - raw_idx).to(torch.int32)
+        slots = enc.slots[fits] if enc is not None else blk.new_zeros(0, geometry.slot_bytes, dtype=torch.uint8)
+        raw = blk[~fits]
+        k = 0
+        for b in range(B):
+            for h in range(H):
+                table[b, h, : nbs[b]] = entry[k: k + nbs[b]]
+                k += nbs[b]
+        frac = float(fits.float().mean())
+    else:
+        slots = torch.zeros(0, geometry.slot_bytes, dtype=torch.uint8, device=dev)
+        raw = torch.zeros(0, T, D, dtype=torch.bfloat16, device=dev)
+        frac = 0.0
+    if slots.shape[0] == 0:  # pools need one row for a valid pointer
+        slots = torch.zeros(1, geometry.slot_bytes, dtype=torch.uint8, device=dev)
+    if raw.shape[0] == 0:
+        raw = torch.zeros(1, T, D, dtype=torch.bfloat16, device=dev)
+    return dict(
+        slots=slots.contiguous(), raw=raw.contiguous(), table=table, tail=tail,
+        num_blocks=torch.tensor(nbs, dtype=torch.int32, device=dev),
+        tail_len=torch.tensor([s - nb * T for s, nb in zip(seq_lens, nbs)], dtype=torch.int32, device=dev),
+        max_blocks=maxb, fits_fraction=frac,
+    )
+
+
+def attention_reference(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: list[int], scale: float | None = None,
+    kv_start: list[int] | None = None,
+) -> torch.Tensor:
+    """fp64 decode attention. q ``[B, Hq, D]``, k/v ``[B, Hkv, S, D]`` -> fp64 ``[B, Hq, D]``."""
+    B, HQ, D = q.shape
+    HKV = k.shape[1]
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    out = torch.zeros(B, HQ, D, dtype=torch.float64)
+    for b in range(B):
+        lo = 0 if kv_start is None else kv_start[b]
+        kk = k[b, :, lo: seq_lens[b]].double().cpu().repeat_interleave(HQ // HKV, 0)  # [HQ, L, D]
+        vv = v[b, :, lo: seq_lens[b]].double().cpu().repeat_interleave(HQ // HKV, 0)
+        if kk.shape[1] == 0:
+            continue
+        s = torch.einsum("hd,hld->hl", q[b].double().cpu(), kk) * scale
+        out[b] = torch.einsum("hl,hld->hd", torch.softmax(s, -1), vv)
+    return out

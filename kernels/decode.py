@@ -1,0 +1,83 @@
+"""Triton standalone GAAC decoder: slots -> BF16 blocks, bit-identical to the reference.
+
+Reference: ``gaac_hf.codec.decode_blocks`` (with validate=False: this kernel never syncs with the host;
+it reproduces the reference's output bit for bit also on slots that validation would reject). Used by
+the reference attention path and for transfer/offload; the fused attention kernel calls the same
+device helper (``_tile.decode_block_bits``) per tile instead of materializing BF16.
+
+One program decodes one block; the tile is ``[T, Q, 4, 8]`` (see ``_tile.py``).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from gaac_hf.format import BlockGeometry
+
+from ._tile import decode_block_bits, tile_index
+from .encode import _bases, _check_geometry
+
+
+@triton.jit
+def _decode_kernel(
+    SLOTS,  # *uint8 [N, SLOT_BYTES]
+    B8,  # *uint8 [N or 1, D]
+    B16,
+    OUT,  # *int16 [N, T, D]
+    base_stride,
+    SLOT_BYTES: tl.constexpr,
+    LO2_OFF: tl.constexpr,
+    HI1_OFF: tl.constexpr,
+    TAG_OFF: tl.constexpr,
+    ESC_OFF: tl.constexpr,
+    CAP: tl.constexpr,
+    T: tl.constexpr,
+    D: tl.constexpr,
+):
+    n = tl.program_id(0).to(tl.int64)
+    grp, elem, chan, t, q, i, j = tile_index(T, D)
+    b8 = tl.load(B8 + n * base_stride + chan).to(tl.int32)
+    b16 = tl.load(B16 + n * base_stride + chan).to(tl.int32)
+    bits = decode_block_bits(SLOTS + n * SLOT_BYTES, b8, b16, LO2_OFF, HI1_OFF, TAG_OFF, ESC_OFF, CAP, T, D)
+    tl.store(OUT + n * (T * D) + elem, bits.to(tl.int16))
+
+
+def decode_blocks_triton(
+    slots: torch.Tensor,
+    base8: torch.Tensor,
+    base16: torch.Tensor,
+    geometry: BlockGeometry,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Decode N slots to BF16 in one launch (bit-identical to ``codec.decode_blocks``).
+
+    Args:
+        slots: uint8 ``[N, slot_bytes]`` (blocks whose encoding fit).
+        base8, base16: uint8 ``[D]`` or ``[N, D]``.
+        out: optional preallocated bf16 ``[N, T, D]``.
+    Returns:
+        bf16 ``[N, T, D]``.
+    """
+    _check_geometry(geometry)
+    g = geometry
+    if slots.dtype != torch.uint8 or slots.dim() != 2 or slots.shape[1] != g.slot_bytes:
+        raise ValueError(f"slots must be uint8 [N, {g.slot_bytes}], got {slots.dtype} {tuple(slots.shape)}")
+    n, t, d = slots.shape[0], g.block_size, g.head_dim
+    b8, s8 = _bases(base8, n, d, "base8")
+    b16, s16 = _bases(base16, n, d, "base16")
+    if s8 != s16:
+        b8, b16 = b8.expand(n, d).contiguous(), b16.expand(n, d).contiguous()
+        s8 = d
+    if out is None:
+        out = torch.empty(n, t, d, dtype=torch.bfloat16, device=slots.device)
+    elif out.dtype != torch.bfloat16 or out.shape != (n, t, d) or not out.is_contiguous():
+        raise ValueError(f"out must be contiguous bf16 [{n}, {t}, {d}]")
+    if n:
+        _decode_kernel[(n,)](
+            slots.contiguous(), b8, b16, out.view(torch.int16), s8,
+            SLOT_BYTES=g.slot_bytes, LO2_OFF=g.lo2_offset, HI1_OFF=g.hi1_offset, TAG_OFF=g.tag_offset,
+            ESC_OFF=g.esc_offset, CAP=g.escape_capacity, T=t, D=d, num_warps=4 if t * d <= 8192 else 8,
+        )
+    return out
