@@ -59,7 +59,7 @@ import triton.language as tl
 
 from gaac_hf.format import BlockGeometry
 
-from ._tile import INTERPRET, decode_block_bits, tile_index
+from ._tile import INTERPRET, decode_block_bits, decode_block_bits_fast, tile_index
 from .encode import _check_geometry, encode_blocks_triton
 
 NEG = -1.0e30  # finite "minus infinity": fully masked rows stay NaN-free
@@ -70,13 +70,19 @@ def _load_tile(
     SLOTS, RAW, TAIL, e, is_blk, vlen, tail_off, b8, b16,
     SLOT_BYTES: tl.constexpr, LO2_OFF: tl.constexpr, HI1_OFF: tl.constexpr, TAG_OFF: tl.constexpr,
     ESC_OFF: tl.constexpr, CAP: tl.constexpr, T: tl.constexpr, D: tl.constexpr, KV_MODE: tl.constexpr,
+    FAST: tl.constexpr,
 ):
     """Bits of one K or V tile as int16 ``[T, D]``: decoded slot (e >= 0), raw block or tail."""
     if KV_MODE == 0:
         if e >= 0:
-            bits = decode_block_bits(
-                SLOTS + e.to(tl.int64) * SLOT_BYTES, b8, b16, LO2_OFF, HI1_OFF, TAG_OFF, ESC_OFF, CAP, T, D
-            ).to(tl.int16)
+            if FAST:
+                bits = decode_block_bits_fast(
+                    SLOTS + e.to(tl.int64) * SLOT_BYTES, b8, b16, LO2_OFF, HI1_OFF, TAG_OFF, ESC_OFF, CAP, T, D
+                ).to(tl.int16)
+            else:
+                bits = decode_block_bits(
+                    SLOTS + e.to(tl.int64) * SLOT_BYTES, b8, b16, LO2_OFF, HI1_OFF, TAG_OFF, ESC_OFF, CAP, T, D
+                ).to(tl.int16)
         else:
             bits = _load_raw(RAW, TAIL, e, is_blk, vlen, tail_off, T, D)
     else:
@@ -129,6 +135,7 @@ def _attn_split_kernel(
     KV_MODE: tl.constexpr,  # 0: compressed + raw blocks; 1: raw only (BF16 baseline)
     HAS_START: tl.constexpr,
     FP32_DOT: tl.constexpr,
+    FAST: tl.constexpr,  # attention's decoder (valid slots only) instead of the reference-exact one
 ):
     bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -144,10 +151,12 @@ def _attn_split_kernel(
 
     if KV_MODE == 0:
         _, _, chan, _, _, _, _ = tile_index(T, D)
-        kb8 = tl.load(KB8 + h * D + chan).to(tl.int32)
-        kb16 = tl.load(KB16 + h * D + chan).to(tl.int32)
-        vb8 = tl.load(VB8 + h * D + chan).to(tl.int32)
-        vb16 = tl.load(VB16 + h * D + chan).to(tl.int32)
+        # FAST decoding takes the bases pre-shifted into the exponent field (once per program)
+        SH: tl.constexpr = 7 if FAST else 0
+        kb8 = tl.load(KB8 + h * D + chan).to(tl.int32) << SH
+        kb16 = tl.load(KB16 + h * D + chan).to(tl.int32) << SH
+        vb8 = tl.load(VB8 + h * D + chan).to(tl.int32) << SH
+        vb16 = tl.load(VB16 + h * D + chan).to(tl.int32) << SH
     else:
         kb8 = 0
         kb16 = 0
@@ -175,7 +184,7 @@ def _attn_split_kernel(
         ev = tl.load(V_TABLE + tab + blk, mask=is_blk, other=-1)
         vlen = tl.where(is_blk, T, tlen)
         kt = _load_tile(K_SLOTS, K_RAW, K_TAIL, ek, is_blk, vlen, tail_off, kb8, kb16, SLOT_BYTES,
-                        LO2_OFF, HI1_OFF, TAG_OFF, ESC_OFF, CAP, T, D, KV_MODE)
+                        LO2_OFF, HI1_OFF, TAG_OFF, ESC_OFF, CAP, T, D, KV_MODE, FAST)
         s = tl.dot(qm, tl.trans(_as_dot_operand(kt, FP32_DOT))) * scale_log2  # [QP, T]
         valid = tok < vlen
         if HAS_START:
@@ -186,7 +195,7 @@ def _attn_split_kernel(
         p = tl.where(valid[None, :], tl.exp2(s - m_new[:, None]), 0.0)
         l_i = l_i * alpha + tl.sum(p, 1)
         vt = _load_tile(V_SLOTS, V_RAW, V_TAIL, ev, is_blk, vlen, tail_off, vb8, vb16, SLOT_BYTES,
-                        LO2_OFF, HI1_OFF, TAG_OFF, ESC_OFF, CAP, T, D, KV_MODE)
+                        LO2_OFF, HI1_OFF, TAG_OFF, ESC_OFF, CAP, T, D, KV_MODE, FAST)
         if FP32_DOT:
             pv = tl.dot(p, _as_dot_operand(vt, FP32_DOT))
         else:
@@ -251,7 +260,7 @@ def _as_i16(t: torch.Tensor) -> torch.Tensor:
 
 def _launch(
     q, k_slots, v_slots, k_raw, v_raw, k_table, v_table, k_tail, v_tail, num_blocks, tail_len,
-    bases, geometry: BlockGeometry, scale, kv_start, num_splits, out, kv_mode, num_warps, num_stages,
+    bases, geometry: BlockGeometry, scale, kv_start, num_splits, out, kv_mode, num_warps, num_stages, fast=True,
 ):
     B, HQ, D = q.shape
     _, HKV, MAXB = k_table.shape
@@ -286,7 +295,7 @@ def _launch(
         scale * 1.4426950408889634, MAXB, BPS, S,
         HKV=HKV, GQ=GQ, QP=QP, SLOT_BYTES=g.slot_bytes, LO2_OFF=g.lo2_offset, HI1_OFF=g.hi1_offset,
         TAG_OFF=g.tag_offset, ESC_OFF=g.esc_offset, CAP=g.escape_capacity, T=T, D=D, KV_MODE=kv_mode,
-        HAS_START=has_start, FP32_DOT=INTERPRET, num_warps=num_warps, num_stages=num_stages,
+        HAS_START=has_start, FP32_DOT=INTERPRET, FAST=fast, num_warps=num_warps, num_stages=num_stages,
     )
     _merge_kernel[(B * HQ,)](part_o, part_l, out.view(torch.int16), S, SP2=max(2, triton.next_power_of_2(S)), D=D)
     return out
@@ -316,6 +325,7 @@ def gaac_decode_attention(
     out: torch.Tensor | None = None,
     num_warps: int = 4,
     num_stages: int = 1,
+    fast: bool = True,
 ) -> torch.Tensor:
     """Decode attention of one new token per sequence over a GAAC paged cache (see module docstring).
 
@@ -341,7 +351,7 @@ def gaac_decode_attention(
         if bb.dtype != torch.uint8 or bb.shape != (k_table.shape[1], geometry.head_dim):
             raise ValueError(f"bases must be uint8 [Hkv, D], got {bb.dtype} {tuple(bb.shape)}")
     return _launch(q, k_slots, v_slots, k_raw, v_raw, k_table, v_table, k_tail, v_tail, num_blocks,
-                   tail_len, bases, geometry, scale, kv_start, num_splits, out, 0, num_warps, num_stages)
+                   tail_len, bases, geometry, scale, kv_start, num_splits, out, 0, num_warps, num_stages, fast)
 
 
 def bf16_decode_attention(

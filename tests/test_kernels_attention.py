@@ -25,13 +25,17 @@ def _case(B, HKV, GQ, D, T, lens, seed, dev=DEV, cap=None, force_raw_every=0):
     v = synthetic_kv((B, HKV, S, D), "v", seed=seed + 1, device=dev)
     kb8, kb16 = calibrate(k)
     vb8, vb16 = calibrate(v)
+    # out-of-window values (exact power-of-two rescales) so compressed blocks hold raw and 4-bit groups
+    g = torch.Generator(device=dev).manual_seed(seed + 3)
+    for x, f in ((k, 2.0**-30), (v, 2.0**-20)):
+        idx = torch.randint(0, x.numel(), (max(1, x.numel() // 400),), generator=g, device=dev)
+        x.view(-1)[idx] *= f
     nblk = sum(HKV * (n // T) for n in lens)
     force = None
     if force_raw_every:
         force = torch.arange(nblk, device=dev) % force_raw_every == 1
     pk = pack_paged_kv(k, lens, kb8, kb16, geom, force_raw=force)
     pv = pack_paged_kv(v, lens, vb8, vb16, geom)
-    g = torch.Generator(device=dev).manual_seed(seed + 2)
     q = (torch.randn(B, HKV * GQ, D, generator=g, device=dev) * 2).to(torch.bfloat16)
     return geom, q, k, v, (kb8, kb16, vb8, vb16), pk, pv
 
@@ -79,6 +83,8 @@ def test_attention_vs_fp64_and_bit_identical_to_bf16(B, HKV, GQ, D, T, lens, spl
     assert torch.equal(out.view(torch.int16), base.view(torch.int16))
     same = _bf16(geom, q, k, v, lens, num_splits=splits, same_path=True)
     assert torch.equal(out.view(torch.int16), same.view(torch.int16))
+    exact = _gaac(geom, q, bases, pk, pv, num_splits=splits, fast=False)  # reference-exact decoder
+    assert torch.equal(out.view(torch.int16), exact.view(torch.int16))
 
 
 def test_left_padding_start_offset():
