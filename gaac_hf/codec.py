@@ -136,6 +136,12 @@ def encode_blocks(
         )
     n = x.shape[0]
     dev = x.device
+    if n == 0:
+        z = torch.zeros(0, dtype=torch.int32, device=dev)
+        return EncodedBlocks(
+            torch.zeros(0, geometry.slot_bytes, dtype=torch.uint8, device=dev), z, z.bool(),
+            torch.zeros(0, geometry.rows, geometry.cols // GROUP, dtype=torch.int32, device=dev),
+        )
     b8 = _check_bases(base8, n, geometry, "base8").unsqueeze(1)  # [N, 1, D]
     b16 = _check_bases(base16, n, geometry, "base16").unsqueeze(1)
     exp, sm = split_bf16(x.contiguous())
@@ -172,9 +178,10 @@ def encode_blocks(
         slots[:, offset : offset + flat.shape[1]] = flat.to(torch.uint8)
 
     put(geometry.sm_offset, sm)
-    put(geometry.lo2_offset, _pack(code & 3, 2))
-    put(geometry.hi1_offset, _pack(code >> 2, 1))
-    put(geometry.tag_offset, _pack(tags, 2))
+    # planes are packed over the row-major flattened block (a row may hold fewer than 4 groups)
+    put(geometry.lo2_offset, _pack((code & 3).reshape(n, -1), 2))
+    put(geometry.hi1_offset, _pack((code >> 2).reshape(n, -1), 1))
+    put(geometry.tag_offset, _pack(tags.reshape(n, -1), 2))
     # Blocks that do not fit keep only the escape bytes that fit; they are flagged, not decoded.
     put(geometry.esc_offset, esc[:, :cap])
     return EncodedBlocks(slots=slots, escape_len=escape_len, fits=fits, tags=tags)
@@ -199,16 +206,20 @@ def decode_blocks(
         raise ValueError(f"slots must be uint8 [N, {geometry.slot_bytes}], got {slots.dtype} {tuple(slots.shape)}")
     n = slots.shape[0]
     dev = slots.device
+    if n == 0:
+        return torch.zeros(0, geometry.block_size, geometry.head_dim, dtype=torch.bfloat16, device=dev)
     rows, cols, groups = geometry.rows, geometry.cols, geometry.cols // GROUP
 
     def plane(offset: int, nbytes: int) -> torch.Tensor:
-        return slots[:, offset : offset + nbytes].reshape(n, rows, -1)
+        return slots[:, offset : offset + nbytes]
 
-    sm = plane(geometry.sm_offset, geometry.sm_bytes).to(torch.int32)
-    code = _unpack(plane(geometry.lo2_offset, geometry.lo2_bytes), 2, cols) | (
-        _unpack(plane(geometry.hi1_offset, geometry.hi1_bytes), 1, cols) << 2
+    numel = geometry.numel
+    sm = plane(geometry.sm_offset, geometry.sm_bytes).to(torch.int32).reshape(n, rows, cols)
+    code = _unpack(plane(geometry.lo2_offset, geometry.lo2_bytes), 2, numel) | (
+        _unpack(plane(geometry.hi1_offset, geometry.hi1_bytes), 1, numel) << 2
     )
-    tags = _unpack(plane(geometry.tag_offset, geometry.tag_bytes), 2, groups)  # [N, R, G]
+    code = code.reshape(n, rows, cols)
+    tags = _unpack(plane(geometry.tag_offset, geometry.tag_bytes), 2, geometry.groups).reshape(n, rows, groups)
 
     count = torch.tensor(ESCAPE_BYTES, device=dev, dtype=torch.int32)[tags].reshape(n, -1)
     start = torch.cumsum(count, -1, dtype=torch.int32) - count

@@ -44,11 +44,13 @@ class BlockGeometry:
 
     A slot is one contiguous uint8 row of ``slot_bytes`` holding, in order and 16-byte aligned::
 
-        sm   [rows, cols]      sign<<7 | mantissa, one byte per value
-        lo2  [rows, cols/4]    bits 0-1 of each value's 3-bit code, 4 values per byte (LSB first)
-        hi1  [rows, cols/8]    bit 2 of each code, 8 values per byte (LSB first)
-        tag  [rows, cols/32]   2-bit mode tag per group, 4 groups per byte (LSB first)
+        sm   [rows*cols]       sign<<7 | mantissa, one byte per value
+        lo2  [rows*cols/4]     bits 0-1 of each value's 3-bit code, 4 values per byte (LSB first)
+        hi1  [rows*cols/8]     bit 2 of each code, 8 values per byte (LSB first)
+        tag  [rows*cols/32]    2-bit mode tag per group, 4 groups per byte (LSB first)
         esc  [escape_capacity] escape bytes of the non-3-bit groups, in group order
+
+    Every plane runs over the row-major ``rows x cols`` matrix; groups are 8 consecutive values of a row.
 
     ``rows x cols`` is ``block_size x head_dim`` for groups along channels and
     ``head_dim x block_size`` for groups along tokens (the block is transposed before coding).
