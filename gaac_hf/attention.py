@@ -1,0 +1,200 @@
+"""The GAAC attention function for transformers, and its explicit registration.
+
+How compressed KV reaches attention (the deliberate mechanism, see also :mod:`gaac_hf.cache`):
+
+* transformers calls ``cache.update(k, v, layer_idx)`` in the attention module, then the attention
+  function picked by ``config._attn_implementation``. Neither the cache object nor the layer index
+  reaches the attention function, and the attention function's ``key``/``value`` are whatever
+  ``update()`` returned.
+* A :class:`~gaac_hf.cache.GAACLayer` decides per call what to return by looking at the live model
+  config it was built with: if ``config._attn_implementation`` is a name registered by
+  :func:`register` (default ``"gaac"``), ``update()`` returns only the uncompressed BF16 tail, as a
+  fresh tensor object carrying ``_gaac_layer`` (the cache layer); :func:`gaac_attention_forward`
+  finds that attribute and reads the compressed blocks itself. For any other attention
+  implementation ("sdpa", "eager", ...), ``update()`` returns the full decompressed K/V, so a model
+  that does not use GAAC attention is still correct (only slower). The config is read at every
+  update, so ``model.set_attn_implementation(...)`` takes effect immediately.
+* Safety net: a tail-only return that no GAAC attention call consumed (an attention function that
+  bypasses this module) makes the layer's next ``update()`` raise instead of silently attending to a
+  truncated context.
+
+Paths inside :func:`gaac_attention_forward`:
+
+* reference (any device, any q_len): decode every block of the layer with the reference codec, add
+  raw-fallback blocks and the tail, and call transformers' own ``sdpa_attention_forward`` with the
+  same mask and kwargs, so logits are bit-identical to ``DynamicCache`` + ``"sdpa"``.
+* fused (CUDA, q_len == 1, kernel importable): :func:`_fused_decode`, the Triton decode kernel of
+  ``gaac_hf.kernels.attention`` reading slots directly. Falls back to the reference path when the
+  kernel is missing or declines the call (returns None).
+
+Nothing is registered at import: :func:`register` / :func:`unregister` do it, idempotently.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable
+
+import torch
+
+#: Default registration name. It must avoid "flash", "sdpa", "flex_attention" and "paged|": those
+#: substrings switch on special branches inside transformers.
+DEFAULT_NAME = "gaac"
+_FORBIDDEN = ("flash", "sdpa", "flex_attention", "paged|")
+
+# name -> (previous attention fn or None, previous mask fn or None), to make unregister() undo exactly.
+_REGISTERED: dict[str, tuple[Any, Any]] = {}
+
+
+def registered_names() -> frozenset[str]:
+    """Attention-implementation names currently bound to :func:`gaac_attention_forward`."""
+    return frozenset(_REGISTERED)
+
+
+def uses_gaac_attention(config) -> bool:
+    """True when ``config`` (the live model config) selects a GAAC-registered attention."""
+    impl = getattr(config, "_attn_implementation", None)
+    return isinstance(impl, str) and impl in _REGISTERED
+
+
+def register(name: str = DEFAULT_NAME) -> str:
+    """Register :func:`gaac_attention_forward` with transformers under ``name``.
+
+    Registers both ``AttentionInterface`` (the attention function) and ``AttentionMaskInterface``
+    (transformers' ``sdpa_mask``): without the mask registration ``create_causal_mask`` returns None
+    for an unknown name and left padding is silently dropped. Call it before
+    ``from_pretrained(..., attn_implementation=name)`` (transformers validates the name at load) or
+    before ``model.set_attn_implementation(name)``. Idempotent; returns ``name``.
+    """
+    if not isinstance(name, str) or not name or any(s in name for s in _FORBIDDEN):
+        raise ValueError(f"attention name {name!r} must be a non-empty string without any of {_FORBIDDEN}")
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.modeling_utils import AttentionInterface
+
+    if name not in _REGISTERED:
+        _REGISTERED[name] = (
+            AttentionInterface._global_mapping.get(name),
+            AttentionMaskInterface._global_mapping.get(name),
+        )
+    AttentionInterface.register(name, gaac_attention_forward)
+    AttentionMaskInterface.register(name, sdpa_mask)
+    return name
+
+
+def unregister(name: str = DEFAULT_NAME) -> None:
+    """Undo :func:`register`: restore whatever ``name`` meant before (usually nothing). Idempotent."""
+    if name not in _REGISTERED:
+        return
+    from transformers.masking_utils import AttentionMaskInterface
+    from transformers.modeling_utils import AttentionInterface
+
+    prev_fn, prev_mask = _REGISTERED.pop(name)
+    for iface, prev in ((AttentionInterface, prev_fn), (AttentionMaskInterface, prev_mask)):
+        if prev is None:
+            iface._global_mapping.pop(name, None)
+        else:
+            iface._global_mapping[name] = prev
+
+
+def _sdpa() -> Callable:
+    # Imported lazily: the stock function is the one DynamicCache + "sdpa" uses, so the reference
+    # path inherits its exact arithmetic (GQA handling, is_causal rules, dispatch).
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward
+
+
+# ---------------------------------------------------------------------------------------------
+# fused decode hook
+# ---------------------------------------------------------------------------------------------
+_KERNEL: Any = None  # module, False (unavailable), or None (not probed yet)
+
+
+def _fused_kernel():
+    """The fused decode kernel module, or None when it is not importable (e.g. no Triton/CUDA)."""
+    global _KERNEL
+    if _KERNEL is None:
+        try:
+            _KERNEL = importlib.import_module("gaac_hf.kernels.attention")
+        except Exception:  # noqa: BLE001 - a missing or broken kernel must never break attention
+            _KERNEL = False
+    return _KERNEL or None
+
+
+# Attention kwargs the fused kernel does not implement: their presence means "reference path".
+_UNFUSED_KWARGS = ("softcap", "s_aux", "sinks", "position_bias", "sliding_window")
+
+
+def _fused_decode(module, query: torch.Tensor, layer, attention_mask, scaling: float | None, **kwargs):
+    """Single-token decode over compressed blocks with the Triton kernel, or None.
+
+    Args:
+        query: ``[B, Hq, 1, D]`` on CUDA.
+        layer: the :class:`~gaac_hf.cache.GAACLayer` (slots, block tables, tail).
+        attention_mask: None or bool ``[B, 1, 1, kv_len]`` (True = attend). The kernel takes left
+            padding as ``kv_start[b]`` = number of masked positions, so the mask must have the
+            left-padding form (masked prefix, then all visible) that generate() builds; caches made
+            with ``GAACCache(..., fused=False)`` always use the reference path.
+    Returns:
+        ``[B, 1, Hq, D]`` contiguous, or None when the kernel is missing or does not take this call
+        (an attention variant it does not implement, a geometry it does not support).
+    """
+    if not layer.fused or any(kwargs.get(k) is not None for k in _UNFUSED_KWARGS):
+        return None
+    if layer.geometry.group_axis != "channel":
+        return None
+    kernel = _fused_kernel()
+    if kernel is None or not hasattr(kernel, "gaac_decode_attention"):
+        return None
+    kv_start = None
+    if attention_mask is not None:
+        if attention_mask.dtype != torch.bool:
+            return None
+        kv_start = (~attention_mask[:, 0, -1, :]).sum(-1, dtype=torch.int32)
+    q = query[:, :, 0, :].contiguous()  # [B, Hq, D]
+    out = kernel.gaac_decode_attention(q, **layer.kernel_view(), scale=scaling, kv_start=kv_start)
+    return out.unsqueeze(1)  # [B, 1, Hq, D], the layout attention functions return
+
+
+# ---------------------------------------------------------------------------------------------
+# the attention function
+# ---------------------------------------------------------------------------------------------
+def gaac_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """transformers attention function over a GAAC cache layer.
+
+    Args:
+        query: ``[B, Hq, Sq, D]``.
+        key, value: ``[B, Hkv, S, D]``: either ordinary tensors (no GAAC cache: plain SDPA), or the
+            tail carriers returned by a GAAC layer's ``update()`` (``key._gaac_layer`` set).
+        attention_mask: None or bool ``[B, 1, Sq, kv_len]`` from ``sdpa_mask``.
+    Returns:
+        (``[B, Sq, Hq, D]`` contiguous, None).
+    """
+    layer = getattr(key, "_gaac_layer", None)
+    if layer is None:  # no GAAC cache (use_cache=False, DynamicCache, a stock sliding layer...)
+        return _sdpa()(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    layer._awaiting_attention = False
+    q_len, kv_len = query.shape[2], layer.get_seq_length()
+    if q_len > kv_len:
+        raise ValueError(f"GAAC attention: query has {q_len} tokens but the cache layer holds only {kv_len}")
+    if attention_mask is not None and attention_mask.shape[-1] != kv_len:
+        raise ValueError(
+            f"GAAC attention: mask covers {attention_mask.shape[-1]} key positions but the cache layer holds "
+            f"{kv_len}; the mask must come from the GAAC mask registration (gaac_hf.register())"
+        )
+    if attention_mask is not None and attention_mask.shape[-2] not in (1, q_len):
+        raise ValueError(f"GAAC attention: mask has {attention_mask.shape[-2]} query rows for {q_len} query tokens")
+    if query.is_cuda and q_len == 1 and not (module.training and dropout):
+        out = _fused_decode(module, query, layer, attention_mask, scaling, **kwargs)
+        if out is not None:
+            return out, None
+    k, v = layer.full_kv()
+    return _sdpa()(module, query, k, v, attention_mask, dropout=dropout, scaling=scaling, **kwargs)

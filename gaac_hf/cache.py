@@ -1,0 +1,533 @@
+"""GAACCache: a transformers ``Cache`` that stores full-attention KV as lossless GAAC blocks.
+
+Layout (per full-attention layer, per kind K/V), shapes with B = batch rows, H = kv-heads,
+T = ``geometry.block_size``, D = head_dim:
+
+* ``slots``  uint8 ``[cap_slots, slot_bytes]``: a growable pool of encoded blocks (append-only).
+* ``raw``    bf16 ``[cap_raw, T, D]``: blocks whose encoding did not fit a slot (``fits == False``).
+* ``table``  int32 ``[B, H, cap_blocks]``: block j of row b, head h is slot ``e`` if ``e >= 0`` and
+  raw block ``-e - 1`` otherwise. Only ``[:, :, :num_blocks]`` is meaningful.
+* ``tail``   bf16 ``[B, H, T, D]``: the last, incomplete block (``tail_len < T`` tokens), uncompressed.
+
+Fill-then-finalize: tokens go to the tail; whenever a block fills, all complete blocks of all rows and
+heads are encoded with one :func:`~gaac_hf.codec.encode_blocks` call and appended to the pool; they are
+never re-encoded. Beam search (``reorder_cache``), ``batch_repeat_interleave`` and
+``batch_select_indices`` only re-index the tables and the tail: beams share pool entries.
+
+How attention reads the blocks is described in :mod:`gaac_hf.attention`: ``update()`` returns the
+full decompressed K/V unless the live model config selects the GAAC attention, in which case it
+returns a tail carrier and the attention function reads this layer directly.
+
+Host syncs: one per finalize event (every T tokens per layer during decode, once per prefill) to
+learn how many blocks fell back to raw, which sizes the pools. Nothing per token.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import torch
+from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, Cache, CacheLayerMixin, get_layer_types_and_kwargs
+
+from . import attention as _attn
+from .calibration import CalibrationTable
+from .codec import decode_blocks, encode_blocks
+from .format import ALIGN, MODE_3BIT, MODE_4BIT, MODE_RAW, BlockGeometry
+
+_K, _V = 0, 1
+_REPO = Path(__file__).resolve().parents[1]
+
+
+def _transformers_version() -> tuple[int, int]:
+    import transformers
+
+    major, minor = transformers.__version__.split(".")[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
+# transformers < 5.18 treats a positive crop(n) as "keep n tokens"; later versions reject it.
+_POSITIVE_CROP_IS_LENGTH = _transformers_version() < (5, 18)
+
+
+def _grow(t: torch.Tensor, rows: int, dim: int = 0) -> torch.Tensor:
+    """Return ``t`` with at least ``rows`` entries along ``dim`` (doubling, old contents kept)."""
+    have = t.shape[dim]
+    if rows <= have:
+        return t
+    shape = list(t.shape)
+    shape[dim] = max(rows, 2 * have)
+    out = torch.zeros(shape, dtype=t.dtype, device=t.device)
+    out.narrow(dim, 0, have).copy_(t)
+    return out
+
+
+class _BlockPool:
+    """Encoded blocks of one kind (K or V) of one layer: slot pool + raw pool + running counters.
+
+    base8, base16: uint8 ``[H, D]`` windows of this layer and kind.
+    """
+
+    def __init__(self, geometry: BlockGeometry, base8: torch.Tensor, base16: torch.Tensor, device) -> None:
+        g = self.geometry = geometry
+        self.base8 = base8.to(device)
+        self.base16 = base16.to(device)
+        # One row each so gathers with clamped indices are always in range.
+        self.slots = torch.zeros(1, g.slot_bytes, dtype=torch.uint8, device=device)
+        self.raw = torch.zeros(1, g.block_size, g.head_dim, dtype=torch.bfloat16, device=device)
+        self.n_slots = 0
+        self.n_raw = 0
+        self.encoded_blocks = 0
+        # Groups per mode (3-bit, 4-bit, raw) over every block encoded: device-side, read by stats().
+        self.mode_counts = torch.zeros(3, dtype=torch.int64, device=device)
+
+    def append(self, blocks: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
+        """Encode ``blocks`` bf16 ``[N, T, D]`` (``heads`` int64 ``[N]``: kv-head of each block).
+
+        Returns int32 ``[N]`` block-table entries (slot index, or ``-raw_index - 1``).
+        """
+        n = blocks.shape[0]
+        enc = encode_blocks(blocks, self.base8[heads], self.base16[heads], self.geometry)
+        fits = enc.fits
+        n_fit = int(fits.sum())  # the one host sync of a finalize: it sizes both pools
+        fi = fits.to(torch.int32)
+        slot_pos = self.n_slots + torch.cumsum(fi, 0, dtype=torch.int32) - 1
+        raw_pos = self.n_raw + torch.cumsum(1 - fi, 0, dtype=torch.int32) - 1
+        entries = torch.where(fits, slot_pos, -raw_pos - 1)
+        self.slots = _grow(self.slots, self.n_slots + n_fit)
+        if n_fit == n:
+            self.slots[self.n_slots : self.n_slots + n] = enc.slots
+        else:
+            self.raw = _grow(self.raw, self.n_raw + n - n_fit)
+            self.slots[self.n_slots : self.n_slots + n_fit] = enc.slots[fits]
+            self.raw[self.n_raw : self.n_raw + n - n_fit] = blocks[~fits]
+        self.n_slots += n_fit
+        self.n_raw += n - n_fit
+        self.encoded_blocks += n
+        self.mode_counts += torch.bincount(enc.tags.reshape(-1), minlength=3)[:3]
+        return entries
+
+    def gather(self, entries: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
+        """Decode table entries int ``[N]`` (``heads`` int64 ``[N]``) -> bf16 ``[N, T, D]``, bit-exact."""
+        g = self.geometry
+        if entries.numel() == 0:
+            return torch.empty(0, g.block_size, g.head_dim, dtype=torch.bfloat16, device=self.slots.device)
+        e = entries.to(torch.int64)
+        # Raw entries decode slot 0 (garbage, discarded below): no data-dependent shapes, no syncs.
+        out = decode_blocks(self.slots[e.clamp(min=0)], self.base8[heads], self.base16[heads], g, validate=False)
+        if self.n_raw:
+            out = torch.where((e < 0)[:, None, None], self.raw[(-e - 1).clamp(min=0)], out)
+        return out
+
+    def compact(self, live: torch.Tensor) -> torch.Tensor:
+        """Drop pool entries that no table references. ``live``: int entries in use (any shape).
+
+        Returns ``live`` renumbered into the compacted pools (same shape, int32).
+        Host syncs (torch.unique); only called from rare operations (batch selection, crop, reset).
+        """
+        flat = live.reshape(-1).to(torch.int64)
+        s_used = torch.unique(flat[flat >= 0])
+        r_used = torch.unique(-flat[flat < 0] - 1)
+        s_map = torch.full((max(self.n_slots, 1),), -1, dtype=torch.int64, device=flat.device)
+        s_map[s_used] = torch.arange(s_used.numel(), device=flat.device)
+        r_map = torch.full((max(self.n_raw, 1),), -1, dtype=torch.int64, device=flat.device)
+        r_map[r_used] = torch.arange(r_used.numel(), device=flat.device)
+        self.slots = self.slots[s_used] if s_used.numel() else self.slots[:1].clone()
+        self.raw = self.raw[r_used] if r_used.numel() else self.raw[:1].clone()
+        self.n_slots, self.n_raw = int(s_used.numel()), int(r_used.numel())
+        new = torch.where(flat >= 0, s_map[flat.clamp(min=0)], -r_map[(-flat - 1).clamp(min=0)] - 1)
+        return new.to(torch.int32).reshape(live.shape)
+
+    def resident_bytes(self) -> int:
+        g = self.geometry
+        return self.n_slots * g.slot_bytes + self.n_raw * g.raw_bytes
+
+    def allocated_bytes(self) -> int:
+        return self.slots.numel() + self.raw.numel() * 2
+
+
+class GAACLayer(CacheLayerMixin):
+    """Cache layer of one full-attention layer holding GAAC-compressed K and V.
+
+    Deliberately no ``_layer_type``: setting it would register this class in transformers'
+    ``DYNAMIC_LAYER_TYPE_MAPPING`` and take over every ``DynamicCache(config=...)``.
+    """
+
+    is_sliding = False
+    is_compileable = False
+    is_croppable = True
+
+    def __init__(self, layer_idx: int, table: CalibrationTable, geometry: BlockGeometry, config,
+                 return_full_kv: bool | None = None, fused: bool = True) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.geometry = geometry
+        self._table = table
+        self._config = config  # live model config: read at each update() to pick the return mode
+        self._return_full_kv = return_full_kv
+        self.fused = fused  # allow the Triton decode kernel (CUDA, q_len == 1) in GAAC attention
+        self._awaiting_attention = False
+        self._reset_state()
+
+    def _reset_state(self) -> None:
+        self.is_initialized = False
+        self.pools: list[_BlockPool] | None = None
+        self.tables: list[torch.Tensor] | None = None  # K and V, int32 [B, H, cap_blocks]
+        self.tails: list[torch.Tensor] | None = None  # K and V, bf16 [B, H, T, D]
+        self.num_blocks = 0
+        self.tail_len = 0
+        self._awaiting_attention = False
+
+    def __repr__(self) -> str:
+        return f"GAACLayer(layer={self.layer_idx}, tokens={self.get_seq_length()}, block_size={self.geometry.block_size})"
+
+    # -- transformers layer API -------------------------------------------------------------------
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        for name, t in (("keys", key_states), ("values", value_states)):
+            if t.dtype != torch.bfloat16:
+                raise ValueError(
+                    f"GAACCache stores bfloat16 KV losslessly, but the model produced {name} in {t.dtype}: "
+                    "load the model with dtype=torch.bfloat16 (or use DynamicCache)"
+                )
+        b, h, _, d = key_states.shape
+        g = self.geometry
+        if d != g.head_dim or h != self._table.num_kv_heads:
+            raise ValueError(
+                f"layer {self.layer_idx}: KV of {h} heads x head_dim {d} does not match the calibration "
+                f"table ({self._table.num_kv_heads} heads x head_dim {g.head_dim})"
+            )
+        dev = self.device = key_states.device
+        self.pools = [_BlockPool(g, *self._table.bases(self.layer_idx, kind), dev) for kind in (_K, _V)]
+        # One column from the start: kernels take the full-capacity table and want max_blocks >= 1.
+        self.tables = [torch.zeros(b, h, 1, dtype=torch.int32, device=dev) for _ in (_K, _V)]
+        self.tails = [torch.zeros(b, h, g.block_size, d, dtype=torch.bfloat16, device=dev) for _ in (_K, _V)]
+        self._heads = torch.arange(h, device=dev)
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """Append ``[B, H, q, D]`` keys/values; return what the model's attention needs (see module doc)."""
+        if self._awaiting_attention:
+            self._awaiting_attention = False
+            raise RuntimeError(
+                f"GAAC layer {self.layer_idx}: the previous update() returned only the uncompressed tail, but no "
+                "GAAC attention call read the compressed blocks. The model's attention function bypassed "
+                "gaac_hf's (config._attn_implementation was a GAAC name?). Pass return_full_kv=True to GAACCache "
+                "for attention functions other than gaac_hf.attention.gaac_attention_forward."
+            )
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        if key_states.dtype != torch.bfloat16 or value_states.dtype != torch.bfloat16:
+            raise ValueError(f"GAACCache stores bfloat16 KV, got {key_states.dtype}/{value_states.dtype}")
+        b, h, q, _ = key_states.shape
+        if b != self.tails[_K].shape[0]:
+            raise ValueError(f"GAAC layer {self.layer_idx}: batch of {b} rows but the cache holds {self.tails[_K].shape[0]}")
+        t, tl = self.geometry.block_size, self.tail_len
+        if tl + q < t:
+            for kind, new in ((_K, key_states), (_V, value_states)):
+                self.tails[kind][:, :, tl : tl + q].copy_(new)
+            self.tail_len = tl + q
+        else:
+            nfull = (tl + q) // t
+            rem = tl + q - nfull * t
+            self._ensure_table(self.num_blocks + nfull)
+            for kind, new in ((_K, key_states), (_V, value_states)):
+                seq = torch.cat([self.tails[kind][:, :, :tl], new], dim=2)  # [B, H, tl+q, D]
+                blocks = seq[:, :, : nfull * t].reshape(b * h * nfull, t, self.geometry.head_dim)
+                heads = self._heads.view(1, h, 1).expand(b, h, nfull).reshape(-1)
+                entries = self.pools[kind].append(blocks, heads)
+                self.tables[kind][:, :, self.num_blocks : self.num_blocks + nfull] = entries.view(b, h, nfull)
+                self.tails[kind][:, :, :rem].copy_(seq[:, :, nfull * t :])
+            self.num_blocks += nfull
+            self.tail_len = rem
+        if self._wants_full_kv():
+            return self.full_kv()
+        # A fresh view object per call, so the attribute never leaks to another step's tensor.
+        k, v = self.tails[_K][:, :, : self.tail_len], self.tails[_V][:, :, : self.tail_len]
+        k._gaac_layer = v._gaac_layer = self
+        self._awaiting_attention = True
+        return k, v
+
+    def _wants_full_kv(self) -> bool:
+        if self._return_full_kv is not None:
+            return self._return_full_kv
+        return not _attn.uses_gaac_attention(self._config)
+
+    def _ensure_table(self, blocks: int) -> None:
+        self.tables = [_grow(tb, blocks, dim=2) for tb in self.tables]
+
+    def get_seq_length(self) -> int:
+        return self.num_blocks * self.geometry.block_size + self.tail_len if self.is_initialized else 0
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.get_seq_length() + query_length, 0
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reset(self) -> None:
+        self._reset_state()
+
+    def offload(self):  # the pools are the point of this cache; keep them where they are
+        pass
+
+    def prefetch(self):
+        pass
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Beam search: rows follow ``beam_idx``; only integers and the tail move."""
+        if not self.is_initialized:
+            return
+        idx = beam_idx.to(self.device)
+        self.tables = [tb.index_select(0, idx) for tb in self.tables]
+        self.tails = [tl.index_select(0, idx) for tl in self.tails]
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        if not self.is_initialized:
+            return
+        self.tables = [tb.repeat_interleave(repeats, dim=0) for tb in self.tables]
+        self.tails = [tl.repeat_interleave(repeats, dim=0) for tl in self.tails]
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if not self.is_initialized:
+            return
+        if isinstance(indices, torch.Tensor):
+            indices = indices.to(self.device)
+        self.tables = [tb[indices] for tb in self.tables]
+        self.tails = [tl[indices] for tl in self.tails]
+        self._compact()
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Drop the last ``-tokens_to_remove`` tokens (negative). transformers < 5.18 also accepts a
+        positive value meaning "keep this many tokens"; later versions reject it, and so do we there.
+
+        Cropping into encoded history decodes the block that becomes incomplete back into the tail.
+        """
+        n = self.get_seq_length()
+        if tokens_to_remove > 0:
+            if not _POSITIVE_CROP_IS_LENGTH:
+                raise ValueError(
+                    f"Calling `crop` with a positive value (`{tokens_to_remove}`) is not supported. "
+                    "Please use a negative integer to remove that number of tokens from the cache instead."
+                )
+            if tokens_to_remove >= n:
+                return
+            new_len = tokens_to_remove
+        else:
+            new_len = max(n + tokens_to_remove, 0)
+        if tokens_to_remove == 0 or not self.is_initialized or new_len == n:
+            return
+        t = self.geometry.block_size
+        if new_len >= self.num_blocks * t:
+            self.tail_len = new_len - self.num_blocks * t
+            return
+        keep, rem = divmod(new_len, t)
+        if rem:
+            b, h = self.tails[_K].shape[:2]
+            heads = self._heads.view(1, h).expand(b, h).reshape(-1)
+            for kind in (_K, _V):
+                blk = self.pools[kind].gather(self.tables[kind][:, :, keep].reshape(-1), heads)
+                self.tails[kind][:, :, :rem].copy_(blk.view(b, h, t, -1)[:, :, :rem])
+        self.num_blocks, self.tail_len = keep, rem
+        self._compact()
+
+    def _compact(self) -> None:
+        # Release pool entries no row references any more (after crop or batch selection).
+        for kind in (_K, _V):
+            live = self.tables[kind][:, :, : self.num_blocks]
+            self.tables[kind] = self.tables[kind].clone()
+            self.tables[kind][:, :, : self.num_blocks] = self.pools[kind].compact(live)
+
+    # -- reading ----------------------------------------------------------------------------------
+    def full_kv(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decompressed (keys, values), each bf16 ``[B, H, S, D]`` contiguous, bit-exact."""
+        return self.full(_K), self.full(_V)
+
+    def full(self, kind: int) -> torch.Tensor:
+        b, h = self.tails[kind].shape[:2]
+        t, d, nb = self.geometry.block_size, self.geometry.head_dim, self.num_blocks
+        tail = self.tails[kind][:, :, : self.tail_len]
+        if nb == 0:
+            return tail.contiguous()
+        heads = self._heads.view(1, h, 1).expand(b, h, nb).reshape(-1)
+        blocks = self.pools[kind].gather(self.tables[kind][:, :, :nb].reshape(-1), heads)
+        return torch.cat([blocks.view(b, h, nb * t, d), tail], dim=2)
+
+    def kernel_view(self) -> dict:
+        """Keyword arguments of ``gaac_hf.kernels.attention.gaac_decode_attention`` for this layer.
+
+        Pools, full-capacity contiguous tables int32 ``[B, H, cap_blocks]`` (entries past
+        ``num_blocks`` are ignored by the kernel), full tail buffers bf16 ``[B, H, T, D]``, bases
+        uint8 ``[H, D]`` and ``num_blocks`` / ``tail_len`` as int32 ``[B]`` device tensors.
+        """
+        pk, pv = self.pools
+        b = self.tails[_K].shape[0]
+        dev = self.device
+        return {
+            "k_slots": pk.slots, "v_slots": pv.slots, "k_raw": pk.raw, "v_raw": pv.raw,
+            "k_table": self.tables[_K], "v_table": self.tables[_V],
+            "k_tail": self.tails[_K], "v_tail": self.tails[_V],
+            "num_blocks": torch.full((b,), self.num_blocks, dtype=torch.int32, device=dev),
+            "tail_len": torch.full((b,), self.tail_len, dtype=torch.int32, device=dev),
+            "k_base8": pk.base8, "k_base16": pk.base16, "v_base8": pv.base8, "v_base16": pv.base16,
+            "geometry": self.geometry,
+        }
+
+    # -- statistics -------------------------------------------------------------------------------
+    def _stats(self) -> dict:
+        """Host-side byte counts plus device-side mode counters (not synced here)."""
+        if not self.is_initialized:
+            z = torch.zeros(3, dtype=torch.int64)
+            return {"resident": 0, "bf16": 0, "allocated": 0, "modes": [z, z], "raw_blocks": 0, "blocks": 0,
+                    "tail_tokens": 0, "tokens": 0}
+        b, h = self.tails[_K].shape[:2]
+        g = self.geometry
+        s = self.get_seq_length()
+        table_bytes = b * h * self.num_blocks * 4
+        tail_bytes = b * h * self.tail_len * g.head_dim * 2
+        return {
+            "resident": sum(p.resident_bytes() for p in self.pools) + 2 * (table_bytes + tail_bytes),
+            "bf16": 2 * b * h * s * g.head_dim * 2,
+            "allocated": sum(p.allocated_bytes() for p in self.pools)
+            + sum(tb.numel() * 4 for tb in self.tables) + sum(tl.numel() * 2 for tl in self.tails),
+            "modes": [p.mode_counts for p in self.pools],
+            "raw_blocks": sum(p.n_raw for p in self.pools),
+            "blocks": sum(p.n_slots + p.n_raw for p in self.pools),
+            "encoded": sum(p.encoded_blocks for p in self.pools),
+            "tail_tokens": self.tail_len,
+            "tokens": s,
+        }
+
+
+def _resolve_table(calibration) -> CalibrationTable:
+    if isinstance(calibration, CalibrationTable):
+        return calibration
+    if calibration is None:
+        raise ValueError(
+            "GAACCache needs calibration=<path to a .safetensors table> or a CalibrationTable "
+            "(make one with gaac-calibrate or gaac_hf.calibration)"
+        )
+    p = Path(calibration)
+    if not p.is_absolute() and not p.exists() and (_REPO / p).exists():
+        p = _REPO / p  # repo-relative names such as "calibration_data/smollm2-135m.safetensors"
+    return CalibrationTable.load(p)
+
+
+def _layer_types_and_kwargs(config) -> tuple[list[str], list[dict]]:
+    # transformers 5.17 returns one kwargs dict for all layers, 5.23+ one dict per layer.
+    types, kw = get_layer_types_and_kwargs(config)
+    if isinstance(kw, dict):
+        kw = [kw] * len(types)
+    return list(types), list(kw)
+
+
+class GAACCache(Cache):
+    """Lossless GAAC KV cache for transformers models.
+
+    Example::
+
+        import gaac_hf
+        gaac_hf.register()                       # once, before loading: attn_implementation="gaac"
+        model = AutoModelForCausalLM.from_pretrained(..., dtype=torch.bfloat16, attn_implementation="gaac")
+        cache = gaac_hf.GAACCache(model.config, calibration="calibration_data/smollm2-135m.safetensors")
+        out = model.generate(**inputs, past_key_values=cache, cache_implementation=None)
+        print(cache.stats())
+
+    Args:
+        config: the model's config (pass ``model.config`` itself: its ``_attn_implementation`` is read
+            live to decide whether update() returns full K/V or a tail carrier).
+        calibration: a :class:`~gaac_hf.calibration.CalibrationTable` or a path to one. It must fit
+            the model (``table.check_model``), else ValueError.
+        block_size, escape_capacity: override the table's block geometry (the windows do not depend
+            on it). Changing only the block size scales the escape capacity with the block.
+        return_full_kv: None (default) = automatic from the config; True = always return full K/V
+            (any attention function works); False = always return the tail carrier.
+        fused: let GAAC attention use the fused Triton decode kernel on CUDA for q_len == 1
+            (default). False forces the reference path (decode + SDPA, bit-identical to sdpa); use it
+            with attention masks that are not of the left-padding form.
+
+    Full-attention layers get a :class:`GAACLayer`; sliding-window, chunked, linear and dummy layers
+    keep their stock transformers layer (uncompressed).
+    """
+
+    def __init__(self, config, calibration=None, *, block_size: int | None = None,
+                 escape_capacity: int | None = None, return_full_kv: bool | None = None,
+                 fused: bool = True) -> None:
+        table = _resolve_table(calibration)
+        table.check_model(config)
+        text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+        g = table.geometry
+        if block_size is not None and escape_capacity is None and block_size != g.block_size:
+            escape_capacity = -(-g.escape_capacity * block_size // (g.block_size * ALIGN)) * ALIGN
+        geometry = dataclasses.replace(
+            g, block_size=block_size or g.block_size,
+            escape_capacity=g.escape_capacity if escape_capacity is None else escape_capacity,
+        )
+        self.geometry = geometry
+        self.table = table
+        types, kwargs = _layer_types_and_kwargs(text)
+        layers = [
+            GAACLayer(i, table, geometry, text, return_full_kv, fused) if lt == "full_attention"
+            else DYNAMIC_LAYER_TYPE_MAPPING[lt](**kw)
+            for i, (lt, kw) in enumerate(zip(types, kwargs))
+        ]
+        if not any(isinstance(layer, GAACLayer) for layer in layers):
+            raise ValueError("this model has no full-attention layers: GAACCache would compress nothing")
+        super().__init__(layers=layers)
+
+    def stats(self, per_layer: bool = False) -> dict:
+        """Resident KV bytes against a BF16 cache, compression ratio and mode shares.
+
+        Byte counts are host-side integers; the mode counters live on the device and are synced
+        only here. Keys:
+
+        - ``resident_bytes``: bytes of the GAAC layers' data (used slots, raw-fallback blocks, block
+          tables, tails); ``bf16_bytes``: what a BF16 DynamicCache would hold for the same layers
+          and tokens; ``ratio`` = bf16/resident, ``savings`` = 1 - resident/bf16.
+        - ``allocated_bytes``: pool capacity actually reserved (pools grow by doubling).
+        - ``stock_layer_bytes``: uncompressed layers kept stock (sliding window etc.).
+        - ``mode_shares`` (and ``_k``/``_v``): fraction of encoded groups in 3-bit / 4-bit / raw mode.
+        - ``raw_fallback_blocks`` / ``stored_blocks`` / ``encoded_blocks``; ``tail_tokens``,
+          ``seq_length`` (of the first GAAC layer).
+        """
+        gaac = [(i, layer) for i, layer in enumerate(self.layers) if isinstance(layer, GAACLayer)]
+        per = [(i, layer._stats()) for i, layer in gaac]
+        modes = torch.stack([torch.stack([m.cpu() for m in s["modes"]]) for _, s in per])  # [L, 2, 3], one sync
+
+        def shares(c: torch.Tensor) -> dict:
+            tot = max(int(c.sum()), 1)
+            return {"3bit": int(c[MODE_3BIT]) / tot, "4bit": int(c[MODE_4BIT]) / tot, "raw": int(c[MODE_RAW]) / tot}
+
+        resident = sum(s["resident"] for _, s in per)
+        bf16 = sum(s["bf16"] for _, s in per)
+        stock = 0
+        for layer in self.layers:
+            if not isinstance(layer, GAACLayer):
+                for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+                    if isinstance(t, torch.Tensor):
+                        stock += t.numel() * t.element_size()
+        out = {
+            "resident_bytes": resident,
+            "bf16_bytes": bf16,
+            "ratio": bf16 / resident if resident else 0.0,
+            "savings": 1 - resident / bf16 if bf16 else 0.0,
+            "allocated_bytes": sum(s["allocated"] for _, s in per),
+            "stock_layer_bytes": stock,
+            "mode_shares": shares(modes.sum((0, 1))),
+            "mode_shares_k": shares(modes[:, _K].sum(0)),
+            "mode_shares_v": shares(modes[:, _V].sum(0)),
+            "raw_fallback_blocks": sum(s["raw_blocks"] for _, s in per),
+            "stored_blocks": sum(s["blocks"] for _, s in per),
+            "encoded_blocks": sum(s.get("encoded", 0) for _, s in per),
+            "tail_tokens": per[0][1]["tail_tokens"],
+            "seq_length": per[0][1]["tokens"],
+            "block_size": self.geometry.block_size,
+            "slot_bytes": self.geometry.slot_bytes,
+        }
+        if per_layer:
+            out["layers"] = [
+                {"layer": i, "resident_bytes": s["resident"], "bf16_bytes": s["bf16"],
+                 "ratio": s["bf16"] / s["resident"] if s["resident"] else 0.0,
+                 "mode_shares_k": shares(modes[j, _K]), "mode_shares_v": shares(modes[j, _V]),
+                 "raw_fallback_blocks": s["raw_blocks"]}
+                for j, (i, s) in enumerate(per)
+            ]
+        return out
