@@ -235,6 +235,9 @@ def _merge_kernel(PART_O, PART_L, OUT, S, SP2: tl.constexpr, D: tl.constexpr):
 # launchers
 # ---------------------------------------------------------------------------------------------
 _SM_COUNT: dict = {}
+#: splits / registers / spills of the last split-kernel launch (benchmarks report them)
+LAST_LAUNCH: dict = {}
+LAST_KERNEL = None
 
 
 def _sm_count(device: torch.device) -> int:
@@ -246,9 +249,14 @@ def _sm_count(device: torch.device) -> int:
     return _SM_COUNT[idx]
 
 
+#: programs per SM the default split count aims for (memory-bound: many loads in flight per SM)
+PROGRAMS_PER_SM = 4
+
+
 def default_num_splits(batch: int, kv_heads: int, max_blocks: int, device: torch.device) -> int:
-    """Enough programs to fill the GPU about twice; each split walks >= 2 blocks."""
-    want = max(1, (2 * _sm_count(device) + batch * kv_heads - 1) // (batch * kv_heads))
+    """About PROGRAMS_PER_SM programs per SM; each split walks >= 2 blocks."""
+    target = PROGRAMS_PER_SM * _sm_count(device)
+    want = max(1, (target + batch * kv_heads - 1) // (batch * kv_heads))
     return max(1, min(want, (max_blocks + 1 + 1) // 2))
 
 
@@ -288,7 +296,7 @@ def _launch(
     has_start = kv_start is not None
     g = geometry
     kb8, kb16, vb8, vb16 = bases
-    _attn_split_kernel[(B * HKV, S)](
+    kern = _attn_split_kernel[(B * HKV, S)](
         _as_i16(q), k_slots, v_slots, _as_i16(k_raw), _as_i16(v_raw), k_table, v_table,
         _as_i16(k_tail), _as_i16(v_tail), kb8, kb16, vb8, vb16,
         num_blocks, tail_len, kv_start if has_start else num_blocks, part_o, part_l,
@@ -297,6 +305,10 @@ def _launch(
         TAG_OFF=g.tag_offset, ESC_OFF=g.esc_offset, CAP=g.escape_capacity, T=T, D=D, KV_MODE=kv_mode,
         HAS_START=has_start, FP32_DOT=INTERPRET, FAST=fast, num_warps=num_warps, num_stages=num_stages,
     )
+    global LAST_KERNEL
+    LAST_KERNEL = kern
+    LAST_LAUNCH.update(splits=S, blocks_per_split=BPS, n_regs=getattr(kern, "n_regs", None),
+                       n_spills=getattr(kern, "n_spills", None))
     _merge_kernel[(B * HQ,)](part_o, part_l, out.view(torch.int16), S, SP2=max(2, triton.next_power_of_2(S)), D=D)
     return out
 
@@ -413,17 +425,18 @@ def pack_paged_kv(
     dev = x.device
     nbs = [n // T for n in seq_lens]
     maxb = max(1, max(nbs))
-    blocks = [x[b, h, i * T:(i + 1) * T] for b in range(B) for h in range(H) for i in range(nbs[b])]
-    n = len(blocks)
+    # complete blocks in (b, h, i) order, one reshape per sequence
+    blocks = [x[b, :, : nbs[b] * T].reshape(H * nbs[b], T, D) for b in range(B)]
+    n = sum(H * nb for nb in nbs)
     table = torch.zeros(B, H, maxb, dtype=torch.int32, device=dev)
     tail = torch.zeros(B, H, T, D, dtype=torch.bfloat16, device=dev)
     for b in range(B):
         r = seq_lens[b] - nbs[b] * T
         tail[b, :, :r] = x[b, :, nbs[b] * T: seq_lens[b]]
     if n:
-        blk = torch.stack(blocks)
+        blk = torch.cat(blocks)
         if compress:
-            heads = torch.tensor([h for b in range(B) for h in range(H) for _ in range(nbs[b])], device=dev)
+            heads = torch.cat([torch.arange(H, device=dev).repeat_interleave(nb) for nb in nbs])
             enc = encode_blocks_triton(blk, base8[heads], base16[heads], geometry)
             fits = enc.fits.clone()
             if force_raw is not None:
@@ -438,9 +451,8 @@ def pack_paged_kv(
         raw = blk[~fits]
         k = 0
         for b in range(B):
-            for h in range(H):
-                table[b, h, : nbs[b]] = entry[k: k + nbs[b]]
-                k += nbs[b]
+            table[b, :, : nbs[b]] = entry[k: k + H * nbs[b]].reshape(H, nbs[b])
+            k += H * nbs[b]
         frac = float(fits.float().mean())
     else:
         slots = torch.zeros(0, geometry.slot_bytes, dtype=torch.uint8, device=dev)

@@ -1,0 +1,72 @@
+"""Standalone GAAC codec throughput on one GPU: Triton encoder / decoder vs the PyTorch reference.
+
+    python eval/bench_codec.py --out eval/results/codec_h200.json
+
+GB/s counts BF16 bytes (encoder input, decoder output), as SplitZip and the issue's targets do.
+Sizes: one block (latency), 1,024 blocks, and a whole Qwen3-8B layer's K at 64K (8 heads x 1,024
+blocks of 64 x 128 = 134 MB). Data: synthetic KV-like K (``gaac_hf.kernels.synth``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+
+import torch
+import triton
+
+from gaac_hf.codec import decode_blocks, encode_blocks
+from gaac_hf.format import BlockGeometry
+from gaac_hf.kernels.decode import decode_blocks_triton
+from gaac_hf.kernels.encode import encode_blocks_triton
+from gaac_hf.kernels.synth import calibrate, synthetic_kv
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="eval/results/codec_h200.json")
+    args = ap.parse_args()
+    dev = "cuda"
+    rows = []
+    for d, cap in ((128, 192), (64, 128), (256, 384)):
+        geom = BlockGeometry(block_size=64, head_dim=d, escape_capacity=cap)
+        heads = 8
+        x = synthetic_kv((1, heads, 65536, d), "k", seed=d, device=dev)
+        b8, b16 = calibrate(x)
+        blocks = x[0].reshape(heads * 1024, 64, d)
+        hb = torch.arange(heads, device=dev).repeat_interleave(1024)
+        B8, B16 = b8[hb].contiguous(), b16[hb].contiguous()
+        for n in ((1, 1024, heads * 1024) if d == 128 else (heads * 1024,)):
+            xb, c8, c16 = blocks[:n].contiguous(), B8[:n], B16[:n]
+            ref = encode_blocks(xb, c8, c16, geom)
+            got = encode_blocks_triton(xb, c8, c16, geom)
+            ok_enc = bool(torch.equal(got.slots, ref.slots) and torch.equal(got.escape_len, ref.escape_len))
+            dec = decode_blocks_triton(ref.slots, c8, c16, geom)
+            ok_dec = bool(torch.equal(dec.view(torch.int16), decode_blocks(ref.slots, c8, c16, geom, validate=False).view(torch.int16)))
+            slots = torch.empty_like(got.slots)
+            out = torch.empty_like(xb)
+            t = {
+                "encode_triton": triton.testing.do_bench(lambda: encode_blocks_triton(xb, c8, c16, geom, slots=slots), return_mode="median"),
+                "decode_triton": triton.testing.do_bench(lambda: decode_blocks_triton(ref.slots, c8, c16, geom, out=out), return_mode="median"),
+                "encode_torch": triton.testing.do_bench(lambda: encode_blocks(xb, c8, c16, geom), return_mode="median", rep=40),
+                "decode_torch": triton.testing.do_bench(lambda: decode_blocks(ref.slots, c8, c16, geom, validate=False), return_mode="median", rep=40),
+            }
+            nbytes = xb.numel() * 2
+            row = dict(head_dim=d, blocks=n, bf16_bytes=nbytes, escape_capacity=cap, fits=float(ref.fits.float().mean()),
+                       us={k: v * 1e3 for k, v in t.items()}, gbps={k: nbytes / (v * 1e-3) / 1e9 for k, v in t.items()},
+                       encode_exact=ok_enc, decode_exact=ok_dec)
+            rows.append(row)
+            print(f"D={d:3d} blocks={n:5d} exact={ok_enc}/{ok_dec} fits={row['fits']:.4f} " +
+                  " ".join(f"{k} {row['gbps'][k]:8.1f} GB/s ({row['us'][k]:.1f} us)" for k in t), flush=True)
+    meta = dict(gpu=torch.cuda.get_device_name(), versions=dict(torch=torch.__version__, triton=triton.__version__,
+                python=platform.python_version()), command=" ".join(["python"] + sys.argv),
+                method="median of triton.testing.do_bench (L2 flushed before each call); GB/s of BF16 bytes", rows=rows)
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(meta, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
