@@ -44,12 +44,15 @@ def main():
             got = encode_blocks_triton(xb, c8, c16, geom)
             ok_enc = bool(torch.equal(got.slots, ref.slots) and torch.equal(got.escape_len, ref.escape_len))
             dec = decode_blocks_triton(ref.slots, c8, c16, geom)
+            if bool(ref.fits.all()):
+                assert torch.equal(decode_blocks_triton(ref.slots, c8, c16, geom, fast=True).view(torch.int16), dec.view(torch.int16))
             ok_dec = bool(torch.equal(dec.view(torch.int16), decode_blocks(ref.slots, c8, c16, geom, validate=False).view(torch.int16)))
             slots = torch.empty_like(got.slots)
             out = torch.empty_like(xb)
             t = {
                 "encode_triton": triton.testing.do_bench(lambda: encode_blocks_triton(xb, c8, c16, geom, slots=slots), return_mode="median"),
                 "decode_triton": triton.testing.do_bench(lambda: decode_blocks_triton(ref.slots, c8, c16, geom, out=out), return_mode="median"),
+                "decode_triton_fast": triton.testing.do_bench(lambda: decode_blocks_triton(ref.slots, c8, c16, geom, out=out, fast=True), return_mode="median"),
                 "encode_torch": triton.testing.do_bench(lambda: encode_blocks(xb, c8, c16, geom), return_mode="median", rep=40),
                 "decode_torch": triton.testing.do_bench(lambda: decode_blocks(ref.slots, c8, c16, geom, validate=False), return_mode="median", rep=40),
             }

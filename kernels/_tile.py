@@ -101,48 +101,55 @@ def decode_block_bits(
 
 
 @triton.jit
-def decode_block_bits_fast(
+def decode_rows_fast(
     slot,  # *uint8: first byte of the slot
+    r0,  # first row (token) of the sub-tile inside the block
+    esc_base,  # escape bytes used by rows < r0 (running sum carried by the caller)
     b8s,  # int32 [1, Q, 4, 8]: base8 << 7 per channel
     b16s,  # int32 [1, Q, 4, 8]: base16 << 7 per channel
     LO2_OFF: tl.constexpr,
     HI1_OFF: tl.constexpr,
     TAG_OFF: tl.constexpr,
     ESC_OFF: tl.constexpr,
-    CAP: tl.constexpr,
-    T: tl.constexpr,
+    TS: tl.constexpr,
     D: tl.constexpr,
 ):
-    """Attention's decoder: same bits as :func:`decode_block_bits` for every slot the encoder wrote
-    (fits == True, so no tag 3 and no escape overrun), with fewer integer ops per value:
+    """Rows ``[r0, r0 + TS)`` of a slot -> (int32 ``[TS, Q, 4, 8]`` BF16 bits, esc_base + escape bytes
+    of these rows). Same bits as :func:`decode_block_bits` for every slot the encoder wrote
+    (fits == True: no tag 3, no escape overrun), with fewer integer ops per value:
 
-    * BF16 bits are a SUM of disjoint fields: ``sign|mant`` (from the sign-extended sm byte & 0x807F),
+    * BF16 bits are a SUM of disjoint fields: ``sign|mant`` (sign-extended sm byte & 0x807F),
       ``base << 7`` (per channel, pre-shifted once per program) and ``coded << 7``: exp <= 255 for a
       valid slot, so adding never carries into the sign bit.
     * ``coded << 7`` is assembled from group words pre-shifted once per group (1/8 op per value),
       so each value costs one shift + one mask per source plane.
-    * escape bytes 1-4 (raw groups: ~0.1-0.4% of groups) are only read in blocks that hold a raw group
-      (a block-uniform branch), not masked-loaded for every group of every block.
+    * escape bytes 1-4 (raw groups: ~0.1-0.4% of groups) are only read in sub-tiles that hold a raw
+      group (a uniform branch), not masked-loaded for every group.
+    * sub-tiles of TS rows keep the register footprint small; the escape offset is carried across
+      sub-tiles, so the prefix sum only spans TS*D/8 groups.
     """
     Q: tl.constexpr = D // 32
-    grp, elem, chan, t, q, i, j = tile_index(T, D)
-    sm = tl.load(slot + elem).to(tl.int8, bitcast=True).to(tl.int32)  # sign-extended
-    lo2 = tl.load((slot + LO2_OFF).to(tl.pointer_type(tl.uint16)) + grp).to(tl.int32) << 7
-    hi1 = tl.load(slot + HI1_OFF + grp).to(tl.int32) << 9
-    tagb = tl.load(slot + TAG_OFF + t * Q + q).to(tl.int32)
-    tag = (tagb >> (2 * i)) & 3  # [T, Q, 4, 1]
+    G: tl.constexpr = D // 8
+    grp, elem, chan, t, q, i, j = tile_index(TS, D)
+    sm = tl.load(slot + r0 * D + elem).to(tl.int8, bitcast=True).to(tl.int32)  # sign-extended
+    lo2 = tl.load((slot + LO2_OFF).to(tl.pointer_type(tl.uint16)) + r0 * G + grp).to(tl.int32) << 7
+    hi1 = tl.load(slot + HI1_OFF + r0 * G + grp).to(tl.int32) << 9
+    tagb = tl.load(slot + TAG_OFF + r0 * Q + t * Q + q).to(tl.int32)
+    tag = (tagb >> (2 * i)) & 3  # [TS, Q, 4, 1]
     cnt = tl.where(tag == 1, 1, tl.where(tag == 2, 5, 0))
-    start = escape_starts(cnt, T, D)
+    flat = tl.reshape(cnt, [TS * G])
+    incl = tl.cumsum(flat, 0)
+    start = tl.reshape(incl - flat, [TS, Q, 4, 1]) + esc_base
     esc = slot + ESC_OFF + start
     e0 = tl.load(esc, mask=cnt > 0, other=0).to(tl.int32) << 10
     c7 = ((lo2 >> (2 * j)) & 0x180) | ((hi1 >> j) & 0x200) | ((e0 >> j) & 0x400)
     base7 = tl.where(tag == 0, b8s, tl.where(tag == 1, b16s, 0))
     bits = (sm & 0x807F) + base7 + c7
-    if tl.max(tl.reshape(tag, [T * (D // 8)]), 0) == 2:  # block holds a raw group: bits 4..7 of exp
+    if tl.max(tl.reshape(tag, [TS * G]), 0) == 2:  # a raw group here: bits 4..7 of its exponents
         is_raw = cnt == 5
         extra = tl.zeros_like(bits)
         for k in tl.static_range(1, 5):
             ek = tl.load(esc + k, mask=is_raw, other=0).to(tl.int32)
             extra = extra | (((ek >> j) & 1) << (10 + k))
         bits = bits + extra
-    return bits
+    return bits, esc_base + tl.sum(flat, 0)

@@ -59,46 +59,45 @@ import triton.language as tl
 
 from gaac_hf.format import BlockGeometry
 
-from ._tile import INTERPRET, decode_block_bits, decode_block_bits_fast, tile_index
+from ._tile import INTERPRET, decode_rows_fast, tile_index
 from .encode import _check_geometry, encode_blocks_triton
 
-NEG = -1.0e30  # finite "minus infinity": fully masked rows stay NaN-free
+NEG = tl.constexpr(-1.0e30)  # finite "minus infinity": fully masked rows stay NaN-free
 
 
 @triton.jit
 def _load_tile(
-    SLOTS, RAW, TAIL, e, is_blk, vlen, tail_off, b8, b16,
+    SLOTS, RAW, TAIL, e, is_blk, vlen, tail_off, r0, esc_base, b8s, b16s,
     SLOT_BYTES: tl.constexpr, LO2_OFF: tl.constexpr, HI1_OFF: tl.constexpr, TAG_OFF: tl.constexpr,
-    ESC_OFF: tl.constexpr, CAP: tl.constexpr, T: tl.constexpr, D: tl.constexpr, KV_MODE: tl.constexpr,
-    FAST: tl.constexpr,
+    ESC_OFF: tl.constexpr, TS: tl.constexpr, T: tl.constexpr, D: tl.constexpr, KV_MODE: tl.constexpr,
 ):
-    """Bits of one K or V tile as int16 ``[T, D]``: decoded slot (e >= 0), raw block or tail."""
+    """Bits of rows [r0, r0+TS) of one K or V block as int16 ``[TS, D]``, from a slot (e >= 0), a raw
+    block (e < 0) or the tail; plus the escape offset after these rows (slots only)."""
     if KV_MODE == 0:
         if e >= 0:
-            if FAST:
-                bits = decode_block_bits_fast(
-                    SLOTS + e.to(tl.int64) * SLOT_BYTES, b8, b16, LO2_OFF, HI1_OFF, TAG_OFF, ESC_OFF, CAP, T, D
-                ).to(tl.int16)
-            else:
-                bits = decode_block_bits(
-                    SLOTS + e.to(tl.int64) * SLOT_BYTES, b8, b16, LO2_OFF, HI1_OFF, TAG_OFF, ESC_OFF, CAP, T, D
-                ).to(tl.int16)
+            bits32, esc_next = decode_rows_fast(
+                SLOTS + e.to(tl.int64) * SLOT_BYTES, r0, esc_base, b8s, b16s, LO2_OFF, HI1_OFF, TAG_OFF, ESC_OFF, TS, D
+            )
+            bits = bits32.to(tl.int16)
         else:
-            bits = _load_raw(RAW, TAIL, e, is_blk, vlen, tail_off, T, D)
+            bits = _load_raw(RAW, TAIL, e, is_blk, vlen, tail_off, r0, TS, T, D)
+            esc_next = esc_base
     else:
-        bits = _load_raw(RAW, TAIL, e, is_blk, vlen, tail_off, T, D)
-    return tl.reshape(bits, [T, D])
+        bits = _load_raw(RAW, TAIL, e, is_blk, vlen, tail_off, r0, TS, T, D)
+        esc_next = esc_base
+    return tl.reshape(bits, [TS, D]), esc_next
 
 
 @triton.jit
-def _load_raw(RAW, TAIL, e, is_blk, vlen, tail_off, T: tl.constexpr, D: tl.constexpr):
-    """int16 ``[T, Q, 4, 8]`` bits of a raw block (row ``-1-e`` of the raw pool) or of the tail."""
-    grp, elem, chan, t, q, i, j = tile_index(T, D)
+def _load_raw(RAW, TAIL, e, is_blk, vlen, tail_off, r0, TS: tl.constexpr, T: tl.constexpr, D: tl.constexpr):
+    """int16 ``[TS, Q, 4, 8]`` bits of rows [r0, r0+TS) of a raw block (row ``-1-e`` of the raw pool)
+    or of the tail; rows >= vlen read as 0 (they are masked out of the softmax)."""
+    grp, elem, chan, t, q, i, j = tile_index(TS, D)
     if is_blk:
         ptr = RAW + (-1 - e).to(tl.int64) * (T * D)
     else:
         ptr = TAIL + tail_off
-    return tl.load(ptr + elem, mask=t < vlen, other=0)
+    return tl.load(ptr + r0 * D + elem, mask=t + r0 < vlen, other=0)
 
 
 @triton.jit
@@ -129,13 +128,13 @@ def _attn_split_kernel(
     GQ: tl.constexpr,  # query heads per kv head
     QP: tl.constexpr,  # GQ padded to >= 16 (tl.dot minimum)
     SLOT_BYTES: tl.constexpr, LO2_OFF: tl.constexpr, HI1_OFF: tl.constexpr, TAG_OFF: tl.constexpr,
-    ESC_OFF: tl.constexpr, CAP: tl.constexpr,
+    ESC_OFF: tl.constexpr,
     T: tl.constexpr,
     D: tl.constexpr,
     KV_MODE: tl.constexpr,  # 0: compressed + raw blocks; 1: raw only (BF16 baseline)
     HAS_START: tl.constexpr,
     FP32_DOT: tl.constexpr,
-    FAST: tl.constexpr,  # attention's decoder (valid slots only) instead of the reference-exact one
+    TS: tl.constexpr,  # tokens per sub-tile (divides T)
 ):
     bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -150,13 +149,12 @@ def _attn_split_kernel(
     qm = _as_dot_operand(qbits, FP32_DOT)
 
     if KV_MODE == 0:
-        _, _, chan, _, _, _, _ = tile_index(T, D)
-        # FAST decoding takes the bases pre-shifted into the exponent field (once per program)
-        SH: tl.constexpr = 7 if FAST else 0
-        kb8 = tl.load(KB8 + h * D + chan).to(tl.int32) << SH
-        kb16 = tl.load(KB16 + h * D + chan).to(tl.int32) << SH
-        vb8 = tl.load(VB8 + h * D + chan).to(tl.int32) << SH
-        vb16 = tl.load(VB16 + h * D + chan).to(tl.int32) << SH
+        _, _, chan, _, _, _, _ = tile_index(TS, D)
+        # bases pre-shifted into the exponent field, once per program
+        kb8 = tl.load(KB8 + h * D + chan).to(tl.int32) << 7
+        kb16 = tl.load(KB16 + h * D + chan).to(tl.int32) << 7
+        vb8 = tl.load(VB8 + h * D + chan).to(tl.int32) << 7
+        vb16 = tl.load(VB16 + h * D + chan).to(tl.int32) << 7
     else:
         kb8 = 0
         kb16 = 0
@@ -173,7 +171,7 @@ def _attn_split_kernel(
     hi = tl.minimum(lo + BPS, nb + 1)  # block nb is the tail
     tab = bh.to(tl.int64) * MAXB
     tail_off = bh.to(tl.int64) * (T * D)
-    tok = tl.arange(0, T)
+    tok = tl.arange(0, TS)
 
     m_i = tl.full([QP], NEG, tl.float32)
     l_i = tl.zeros([QP], tl.float32)
@@ -183,25 +181,29 @@ def _attn_split_kernel(
         ek = tl.load(K_TABLE + tab + blk, mask=is_blk, other=-1)
         ev = tl.load(V_TABLE + tab + blk, mask=is_blk, other=-1)
         vlen = tl.where(is_blk, T, tlen)
-        kt = _load_tile(K_SLOTS, K_RAW, K_TAIL, ek, is_blk, vlen, tail_off, kb8, kb16, SLOT_BYTES,
-                        LO2_OFF, HI1_OFF, TAG_OFF, ESC_OFF, CAP, T, D, KV_MODE, FAST)
-        s = tl.dot(qm, tl.trans(_as_dot_operand(kt, FP32_DOT))) * scale_log2  # [QP, T]
-        valid = tok < vlen
-        if HAS_START:
-            valid = valid & (blk * T + tok >= start)
-        s = tl.where(valid[None, :], s, NEG)
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.where(valid[None, :], tl.exp2(s - m_new[:, None]), 0.0)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        vt = _load_tile(V_SLOTS, V_RAW, V_TAIL, ev, is_blk, vlen, tail_off, vb8, vb16, SLOT_BYTES,
-                        LO2_OFF, HI1_OFF, TAG_OFF, ESC_OFF, CAP, T, D, KV_MODE, FAST)
-        if FP32_DOT:
-            pv = tl.dot(p, _as_dot_operand(vt, FP32_DOT))
-        else:
-            pv = tl.dot(p.to(tl.bfloat16), _as_dot_operand(vt, FP32_DOT))
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
+        kesc = tl.full([], 0, tl.int32)
+        vesc = tl.full([], 0, tl.int32)
+        for sub in tl.static_range(T // TS):  # sub-tiles keep registers small; escapes carried
+            r0 = sub * TS
+            kt, kesc = _load_tile(K_SLOTS, K_RAW, K_TAIL, ek, is_blk, vlen, tail_off, r0, kesc, kb8, kb16,
+                                  SLOT_BYTES, LO2_OFF, HI1_OFF, TAG_OFF, ESC_OFF, TS, T, D, KV_MODE)
+            s = tl.dot(qm, tl.trans(_as_dot_operand(kt, FP32_DOT))) * scale_log2  # [QP, TS]
+            valid = tok + r0 < vlen
+            if HAS_START:
+                valid = valid & (blk * T + r0 + tok >= start)
+            s = tl.where(valid[None, :], s, NEG)
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.where(valid[None, :], tl.exp2(s - m_new[:, None]), 0.0)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            vt, vesc = _load_tile(V_SLOTS, V_RAW, V_TAIL, ev, is_blk, vlen, tail_off, r0, vesc, vb8, vb16,
+                                  SLOT_BYTES, LO2_OFF, HI1_OFF, TAG_OFF, ESC_OFF, TS, T, D, KV_MODE)
+            if FP32_DOT:
+                pv = tl.dot(p, _as_dot_operand(vt, FP32_DOT))
+            else:
+                pv = tl.dot(p.to(tl.bfloat16), _as_dot_operand(vt, FP32_DOT))
+            acc = acc * alpha[:, None] + pv
+            m_i = m_new
 
     has = l_i > 0
     o = acc / tl.where(has, l_i, 1.0)[:, None]
@@ -268,7 +270,7 @@ def _as_i16(t: torch.Tensor) -> torch.Tensor:
 
 def _launch(
     q, k_slots, v_slots, k_raw, v_raw, k_table, v_table, k_tail, v_tail, num_blocks, tail_len,
-    bases, geometry: BlockGeometry, scale, kv_start, num_splits, out, kv_mode, num_warps, num_stages, fast=True,
+    bases, geometry: BlockGeometry, scale, kv_start, num_splits, out, kv_mode, num_warps, num_stages, tile_tokens=32,
 ):
     B, HQ, D = q.shape
     _, HKV, MAXB = k_table.shape
@@ -302,8 +304,8 @@ def _launch(
         num_blocks, tail_len, kv_start if has_start else num_blocks, part_o, part_l,
         scale * 1.4426950408889634, MAXB, BPS, S,
         HKV=HKV, GQ=GQ, QP=QP, SLOT_BYTES=g.slot_bytes, LO2_OFF=g.lo2_offset, HI1_OFF=g.hi1_offset,
-        TAG_OFF=g.tag_offset, ESC_OFF=g.esc_offset, CAP=g.escape_capacity, T=T, D=D, KV_MODE=kv_mode,
-        HAS_START=has_start, FP32_DOT=INTERPRET, FAST=fast, num_warps=num_warps, num_stages=num_stages,
+        TAG_OFF=g.tag_offset, ESC_OFF=g.esc_offset, T=T, D=D, KV_MODE=kv_mode,
+        HAS_START=has_start, FP32_DOT=INTERPRET, TS=min(tile_tokens, T), num_warps=num_warps, num_stages=num_stages,
     )
     global LAST_KERNEL
     LAST_KERNEL = kern
@@ -337,7 +339,7 @@ def gaac_decode_attention(
     out: torch.Tensor | None = None,
     num_warps: int = 4,
     num_stages: int = 1,
-    fast: bool = True,
+    tile_tokens: int = 32,
 ) -> torch.Tensor:
     """Decode attention of one new token per sequence over a GAAC paged cache (see module docstring).
 
@@ -363,7 +365,7 @@ def gaac_decode_attention(
         if bb.dtype != torch.uint8 or bb.shape != (k_table.shape[1], geometry.head_dim):
             raise ValueError(f"bases must be uint8 [Hkv, D], got {bb.dtype} {tuple(bb.shape)}")
     return _launch(q, k_slots, v_slots, k_raw, v_raw, k_table, v_table, k_tail, v_tail, num_blocks,
-                   tail_len, bases, geometry, scale, kv_start, num_splits, out, 0, num_warps, num_stages, fast)
+                   tail_len, bases, geometry, scale, kv_start, num_splits, out, 0, num_warps, num_stages, tile_tokens)
 
 
 def bf16_decode_attention(
@@ -385,6 +387,7 @@ def bf16_decode_attention(
     num_warps: int = 4,
     num_stages: int = 1,
     same_path: bool = False,
+    tile_tokens: int = 32,
 ) -> torch.Tensor:
     """BF16 baseline: the same kernel over an uncompressed paged cache (all table entries < 0).
 
@@ -397,7 +400,7 @@ def bf16_decode_attention(
     zb = torch.zeros(hkv, d, dtype=torch.uint8, device=q.device)
     return _launch(q, dummy_slots, dummy_slots, k_raw, v_raw, k_table, v_table, k_tail, v_tail, num_blocks,
                    tail_len, (zb, zb, zb, zb), geometry, scale, kv_start, num_splits, out,
-                   0 if same_path else 1, num_warps, num_stages)
+                   0 if same_path else 1, num_warps, num_stages, tile_tokens)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import triton.language as tl
 
 from gaac_hf.format import BlockGeometry
 
-from ._tile import decode_block_bits, tile_index
+from ._tile import decode_block_bits, decode_rows_fast, tile_index
 from .encode import _bases, _check_geometry
 
 
@@ -34,13 +34,22 @@ def _decode_kernel(
     CAP: tl.constexpr,
     T: tl.constexpr,
     D: tl.constexpr,
+    FAST: tl.constexpr,
+    TS: tl.constexpr,
 ):
     n = tl.program_id(0).to(tl.int64)
-    grp, elem, chan, t, q, i, j = tile_index(T, D)
+    grp, elem, chan, t, q, i, j = tile_index(TS, D)
     b8 = tl.load(B8 + n * base_stride + chan).to(tl.int32)
     b16 = tl.load(B16 + n * base_stride + chan).to(tl.int32)
-    bits = decode_block_bits(SLOTS + n * SLOT_BYTES, b8, b16, LO2_OFF, HI1_OFF, TAG_OFF, ESC_OFF, CAP, T, D)
-    tl.store(OUT + n * (T * D) + elem, bits.to(tl.int16))
+    if FAST:  # attention's decoder, whole block in sub-tiles of TS rows
+        esc = tl.full([], 0, tl.int32)
+        for sub in tl.static_range(T // TS):
+            bits, esc = decode_rows_fast(SLOTS + n * SLOT_BYTES, sub * TS, esc, b8 << 7, b16 << 7,
+                                         LO2_OFF, HI1_OFF, TAG_OFF, ESC_OFF, TS, D)
+            tl.store(OUT + n * (T * D) + sub * TS * D + elem, bits.to(tl.int16))
+    else:
+        bits = decode_block_bits(SLOTS + n * SLOT_BYTES, b8, b16, LO2_OFF, HI1_OFF, TAG_OFF, ESC_OFF, CAP, T, D)
+        tl.store(OUT + n * (T * D) + elem, bits.to(tl.int16))
 
 
 def decode_blocks_triton(
@@ -50,8 +59,14 @@ def decode_blocks_triton(
     geometry: BlockGeometry,
     *,
     out: torch.Tensor | None = None,
+    fast: bool = False,
+    tile_tokens: int = 32,
 ) -> torch.Tensor:
     """Decode N slots to BF16 in one launch (bit-identical to ``codec.decode_blocks``).
+
+    ``fast=True`` uses the fused attention's decoder (``_tile.decode_rows_fast``, sub-tiles of
+    ``tile_tokens`` rows): identical bits for every slot the encoder wrote with fits == True, fewer
+    ops; the default decoder also matches the reference on corrupt slots (validate=False semantics).
 
     Args:
         slots: uint8 ``[N, slot_bytes]`` (blocks whose encoding fit).
@@ -78,6 +93,7 @@ def decode_blocks_triton(
         _decode_kernel[(n,)](
             slots.contiguous(), b8, b16, out.view(torch.int16), s8,
             SLOT_BYTES=g.slot_bytes, LO2_OFF=g.lo2_offset, HI1_OFF=g.hi1_offset, TAG_OFF=g.tag_offset,
-            ESC_OFF=g.esc_offset, CAP=g.escape_capacity, T=t, D=d, num_warps=4 if t * d <= 8192 else 8,
+            ESC_OFF=g.esc_offset, CAP=g.escape_capacity, T=t, D=d, FAST=fast, TS=min(tile_tokens, t) if fast else t,
+            num_warps=4 if t * d <= 8192 else 8,
         )
     return out

@@ -75,6 +75,9 @@ def test_decode_matches_reference_and_roundtrips(geom):
     ref = decode_blocks(enc.slots, b8, b16, geom, validate=False)
     assert torch.equal(_bits(got), _bits(ref))
     assert enc.fits.sum() >= 2
+    # attention's fast decoder: same bits on every slot that fits (it assumes valid slots)
+    fast = decode_blocks_triton(enc.slots[enc.fits], b8, b16, geom, fast=True, tile_tokens=8)
+    assert torch.equal(_bits(fast), _bits(x)[enc.fits])
     assert torch.equal(_bits(got)[enc.fits], _bits(x)[enc.fits])  # lossless where it fits
 
 
