@@ -153,3 +153,51 @@ def decode_rows_fast(
             extra = extra | (((ek >> j) & 1) << (10 + k))
         bits = bits + extra
     return bits, esc_base + tl.sum(flat, 0)
+
+
+@triton.jit
+def load_rows(slot, r0, LO2_OFF: tl.constexpr, HI1_OFF: tl.constexpr, TAG_OFF: tl.constexpr,
+              TS: tl.constexpr, D: tl.constexpr):
+    """Plane words of rows [r0, r0+TS) of a slot: (sm [TS,Q,4,8] int32 sign-extended, lo2 [TS,Q,4,1]
+    u16 << 7, hi1 [TS,Q,4,1] << 9, tag byte [TS,Q,1,1]). Loads only: callers issue them early (K and V
+    together, before any dependent work) so their latencies overlap."""
+    Q: tl.constexpr = D // 32
+    G: tl.constexpr = D // 8
+    grp, elem, chan, t, q, i, j = tile_index(TS, D)
+    sm = tl.load(slot + r0 * D + elem).to(tl.int8, bitcast=True).to(tl.int32)
+    lo2 = tl.load((slot + LO2_OFF).to(tl.pointer_type(tl.uint16)) + r0 * G + grp).to(tl.int32) << 7
+    hi1 = tl.load(slot + HI1_OFF + r0 * G + grp).to(tl.int32) << 9
+    tagb = tl.load(slot + TAG_OFF + r0 * Q + t * Q + q).to(tl.int32)
+    return sm, lo2, hi1, tagb
+
+
+@triton.jit
+def decode_rows_gather(sm, lo2, hi1, tagb, escv, esc_base, b8s, b16s, TS: tl.constexpr, D: tl.constexpr):
+    """:func:`decode_rows_fast` on planes already loaded by :func:`load_rows`, with the block's whole
+    escape stream ``escv`` (int32 [CAP_P2], loaded once per block, independent of the tags) read by
+    ``tl.gather`` instead of a dependent global load per group. Returns (bits, esc_base + bytes used)."""
+    Q: tl.constexpr = D // 32
+    G: tl.constexpr = D // 8
+    grp, elem, chan, t, q, i, j = tile_index(TS, D)
+    tag = (tagb >> (2 * i)) & 3  # [TS, Q, 4, 1]
+    # escape counts packed with a raw-group count in bits 16+: one scan and one max give both totals
+    cnt = tl.where(tag == 1, 1, tl.where(tag == 2, 5 + 65536, 0))
+    flat = tl.reshape(cnt, [TS * G])
+    incl = tl.cumsum(flat, 0)
+    tot = tl.max(incl, 0)  # the scan is monotone: max = last = totals
+    start = (tl.reshape(incl - flat, [TS, Q, 4, 1]) & 0xFFFF) + esc_base
+    cnt = cnt & 0xFFFF
+    NE: tl.constexpr = escv.shape[0]
+    e0 = tl.reshape(tl.gather(escv, tl.reshape(tl.minimum(start, NE - 1), [TS * G]), 0), [TS, Q, 4, 1])
+    e0 = tl.where(cnt > 0, e0, 0) << 10
+    c7 = ((lo2 >> (2 * j)) & 0x180) | ((hi1 >> j) & 0x200) | ((e0 >> j) & 0x400)
+    base7 = tl.where(tag == 0, b8s, tl.where(tag == 1, b16s, 0))
+    bits = (sm & 0x807F) + base7 + c7
+    if tot >= 65536:  # a raw group here: bits 4..7 of its exponents from escape bytes 1..4
+        is_raw = cnt == 5
+        extra = tl.zeros_like(bits)
+        for k in tl.static_range(1, 5):
+            ek = tl.reshape(tl.gather(escv, tl.reshape(tl.minimum(start + k, NE - 1), [TS * G]), 0), [TS, Q, 4, 1])
+            extra = extra | (((tl.where(is_raw, ek, 0) >> j) & 1) << (10 + k))
+        bits = bits + extra
+    return bits, esc_base + (tot & 0xFFFF)

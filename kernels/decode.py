@@ -94,6 +94,6 @@ def decode_blocks_triton(
             slots.contiguous(), b8, b16, out.view(torch.int16), s8,
             SLOT_BYTES=g.slot_bytes, LO2_OFF=g.lo2_offset, HI1_OFF=g.hi1_offset, TAG_OFF=g.tag_offset,
             ESC_OFF=g.esc_offset, CAP=g.escape_capacity, T=t, D=d, FAST=fast, TS=min(tile_tokens, t) if fast else t,
-            num_warps=4 if t * d <= 8192 else 8,
+            num_warps=max(4, t * d // 1024),
         )
     return out

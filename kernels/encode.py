@@ -151,6 +151,6 @@ def encode_blocks_triton(
             x.contiguous().view(torch.int16), b8, b16, slots, esc_len, fits, s8,
             SLOT_BYTES=g.slot_bytes, LO2_OFF=g.lo2_offset, HI1_OFF=g.hi1_offset, TAG_OFF=g.tag_offset,
             ESC_OFF=g.esc_offset, CAP=g.escape_capacity, CAP_P2=max(16, triton.next_power_of_2(g.escape_capacity)),
-            T=t, D=d, num_warps=4 if t * d <= 8192 else 8,
+            T=t, D=d, num_warps=max(4, t * d // 1024),
         )
     return EncodedBlocks(slots=slots, escape_len=esc_len, fits=fits.bool(), tags=None)
