@@ -59,38 +59,31 @@ import triton.language as tl
 
 from gaac_hf.format import BlockGeometry
 
-from ._tile import INTERPRET, decode_rows_gather, load_rows, tile_index
+from ._tile import INTERPRET, decode_rows_fast, tile_index
 from .encode import _check_geometry, encode_blocks_triton
 
 NEG = tl.constexpr(-1.0e30)  # finite "minus infinity": fully masked rows stay NaN-free
 
 
 @triton.jit
-def _load_any(SLOTS, RAW, TAIL, e, is_blk, vlen, tail_off, r0, SLOT_BYTES: tl.constexpr, LO2_OFF: tl.constexpr,
-              HI1_OFF: tl.constexpr, TAG_OFF: tl.constexpr, TS: tl.constexpr, T: tl.constexpr, D: tl.constexpr):
-    """Issue the loads of rows [r0, r0+TS) of one K or V block: slot planes (e >= 0) or raw/tail bits.
-    Returns (sm, lo2, hi1, tagb, raw); the unused side is zeros (uniform branch, no loads)."""
-    Q: tl.constexpr = D // 32
-    if e >= 0:
-        sm, lo2, hi1, tagb = load_rows(SLOTS + e.to(tl.int64) * SLOT_BYTES, r0, LO2_OFF, HI1_OFF, TAG_OFF, TS, D)
-        raw = tl.zeros([TS, Q, 4, 8], tl.int16)
+def _load_tile(
+    SLOTS, RAW, TAIL, e, is_blk, vlen, tail_off, r0, esc_base, b8s, b16s,
+    SLOT_BYTES: tl.constexpr, LO2_OFF: tl.constexpr, HI1_OFF: tl.constexpr, TAG_OFF: tl.constexpr,
+    ESC_OFF: tl.constexpr, TS: tl.constexpr, T: tl.constexpr, D: tl.constexpr, KV_MODE: tl.constexpr,
+):
+    """Bits of rows [r0, r0+TS) of one K or V block as int16 ``[TS, D]``, from a slot (e >= 0), a raw
+    block (e < 0) or the tail; plus the escape offset after these rows (slots only)."""
+    if KV_MODE == 0:
+        if e >= 0:
+            bits32, esc_next = decode_rows_fast(
+                SLOTS + e.to(tl.int64) * SLOT_BYTES, r0, esc_base, b8s, b16s, LO2_OFF, HI1_OFF, TAG_OFF, ESC_OFF, TS, D
+            )
+            bits = bits32.to(tl.int16)
+        else:
+            bits = _load_raw(RAW, TAIL, e, is_blk, vlen, tail_off, r0, TS, T, D)
+            esc_next = esc_base
     else:
-        sm = tl.zeros([TS, Q, 4, 8], tl.int32)
-        lo2 = tl.zeros([TS, Q, 4, 1], tl.int32)
-        hi1 = tl.zeros([TS, Q, 4, 1], tl.int32)
-        tagb = tl.zeros([TS, Q, 1, 1], tl.int32)
-        raw = _load_raw(RAW, TAIL, e, is_blk, vlen, tail_off, r0, TS, T, D)
-    return sm, lo2, hi1, tagb, raw
-
-
-@triton.jit
-def _finish(sm, lo2, hi1, tagb, raw, e, escv, esc_base, b8s, b16s, TS: tl.constexpr, D: tl.constexpr):
-    """Loaded planes -> int16 ``[TS, D]`` tile bits (decoded, or the raw bits) + next escape offset."""
-    if e >= 0:
-        bits32, esc_next = decode_rows_gather(sm, lo2, hi1, tagb, escv, esc_base, b8s, b16s, TS, D)
-        bits = bits32.to(tl.int16)
-    else:
-        bits = raw
+        bits = _load_raw(RAW, TAIL, e, is_blk, vlen, tail_off, r0, TS, T, D)
         esc_next = esc_base
     return tl.reshape(bits, [TS, D]), esc_next
 
@@ -136,8 +129,6 @@ def _attn_split_kernel(
     QP: tl.constexpr,  # GQ padded to >= 16 (tl.dot minimum)
     SLOT_BYTES: tl.constexpr, LO2_OFF: tl.constexpr, HI1_OFF: tl.constexpr, TAG_OFF: tl.constexpr,
     ESC_OFF: tl.constexpr,
-    CAP: tl.constexpr,
-    CAP_P2: tl.constexpr,  # power of two >= CAP: the per-block escape vector
     T: tl.constexpr,
     D: tl.constexpr,
     KV_MODE: tl.constexpr,  # 0: compressed + raw blocks; 1: raw only (BF16 baseline)
@@ -185,32 +176,17 @@ def _attn_split_kernel(
     m_i = tl.full([QP], NEG, tl.float32)
     l_i = tl.zeros([QP], tl.float32)
     acc = tl.zeros([QP, D], tl.float32)
-    pc = tl.arange(0, CAP_P2)
     for blk in range(lo, hi):
         is_blk = blk < nb
         ek = tl.load(K_TABLE + tab + blk, mask=is_blk, other=-1)
         ev = tl.load(V_TABLE + tab + blk, mask=is_blk, other=-1)
         vlen = tl.where(is_blk, T, tlen)
-        if KV_MODE == 0:
-            # the block's whole escape stream (<= CAP bytes), loaded up front: the per-group escape
-            # reads become register/shared gathers instead of tag-dependent global loads
-            kesc_v = tl.load(K_SLOTS + tl.maximum(ek, 0).to(tl.int64) * SLOT_BYTES + ESC_OFF + pc,
-                             mask=(pc < CAP) & (ek >= 0), other=0).to(tl.int32)
-            vesc_v = tl.load(V_SLOTS + tl.maximum(ev, 0).to(tl.int64) * SLOT_BYTES + ESC_OFF + pc,
-                             mask=(pc < CAP) & (ev >= 0), other=0).to(tl.int32)
         kesc = tl.full([], 0, tl.int32)
         vesc = tl.full([], 0, tl.int32)
         for sub in tl.static_range(T // TS):  # sub-tiles keep registers small; escapes carried
             r0 = sub * TS
-            if KV_MODE == 0:  # K and V loads issued together, before any dependent work
-                ksm, klo, khi, ktg, kraw = _load_any(K_SLOTS, K_RAW, K_TAIL, ek, is_blk, vlen, tail_off, r0,
-                                                     SLOT_BYTES, LO2_OFF, HI1_OFF, TAG_OFF, TS, T, D)
-                vsm, vlo, vhi, vtg, vraw = _load_any(V_SLOTS, V_RAW, V_TAIL, ev, is_blk, vlen, tail_off, r0,
-                                                     SLOT_BYTES, LO2_OFF, HI1_OFF, TAG_OFF, TS, T, D)
-                kt, kesc = _finish(ksm, klo, khi, ktg, kraw, ek, kesc_v, kesc, kb8, kb16, TS, D)
-            else:
-                kt = tl.reshape(_load_raw(K_RAW, K_TAIL, ek, is_blk, vlen, tail_off, r0, TS, T, D), [TS, D])
-                vt = tl.reshape(_load_raw(V_RAW, V_TAIL, ev, is_blk, vlen, tail_off, r0, TS, T, D), [TS, D])
+            kt, kesc = _load_tile(K_SLOTS, K_RAW, K_TAIL, ek, is_blk, vlen, tail_off, r0, kesc, kb8, kb16,
+                                  SLOT_BYTES, LO2_OFF, HI1_OFF, TAG_OFF, ESC_OFF, TS, T, D, KV_MODE)
             s = tl.dot(qm, tl.trans(_as_dot_operand(kt, FP32_DOT))) * scale_log2  # [QP, TS]
             valid = tok + r0 < vlen
             if HAS_START:
@@ -220,8 +196,8 @@ def _attn_split_kernel(
             alpha = tl.exp2(m_i - m_new)
             p = tl.where(valid[None, :], tl.exp2(s - m_new[:, None]), 0.0)
             l_i = l_i * alpha + tl.sum(p, 1)
-            if KV_MODE == 0:
-                vt, vesc = _finish(vsm, vlo, vhi, vtg, vraw, ev, vesc_v, vesc, vb8, vb16, TS, D)
+            vt, vesc = _load_tile(V_SLOTS, V_RAW, V_TAIL, ev, is_blk, vlen, tail_off, r0, vesc, vb8, vb16,
+                                  SLOT_BYTES, LO2_OFF, HI1_OFF, TAG_OFF, ESC_OFF, TS, T, D, KV_MODE)
             if FP32_DOT:
                 pv = tl.dot(p, _as_dot_operand(vt, FP32_DOT))
             else:
@@ -328,8 +304,7 @@ def _launch(
         num_blocks, tail_len, kv_start if has_start else num_blocks, part_o, part_l,
         scale * 1.4426950408889634, MAXB, BPS, S,
         HKV=HKV, GQ=GQ, QP=QP, SLOT_BYTES=g.slot_bytes, LO2_OFF=g.lo2_offset, HI1_OFF=g.hi1_offset,
-        TAG_OFF=g.tag_offset, ESC_OFF=g.esc_offset, CAP=g.escape_capacity,
-        CAP_P2=max(16, triton.next_power_of_2(g.escape_capacity)), T=T, D=D, KV_MODE=kv_mode,
+        TAG_OFF=g.tag_offset, ESC_OFF=g.esc_offset, T=T, D=D, KV_MODE=kv_mode,
         HAS_START=has_start, FP32_DOT=INTERPRET, TS=min(tile_tokens, T), num_warps=num_warps, num_stages=num_stages,
     )
     global LAST_KERNEL
