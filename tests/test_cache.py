@@ -1,0 +1,465 @@
+"""GAACCache + GAAC attention on real SmolLM2-135M weights (CPU, reference path).
+
+The contract tested here: with the GAAC attention and a GAACCache, generate() produces the same tokens
+and the same logits, bit for bit, as DynamicCache + sdpa, for every decoding strategy generate()
+uses a cache for; the stored blocks decode to the exact K/V bits; a model whose attention is not
+the GAAC one still gets exact results (update() returns full K/V); bad inputs fail loudly.
+
+Block size 16 so that prompts of a few hundred tokens span many encoded blocks.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import inspect
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+import gaac_hf
+from gaac_hf.attention import gaac_attention_forward
+from gaac_hf.cache import GAACCache, GAACLayer
+from gaac_hf.calibration import (
+    CalibrationTable,
+    choose_windows,
+    config_fingerprint,
+    exponent_histogram,
+    model_kv_shape,
+)
+from gaac_hf.codec import decode_blocks, encode_blocks
+from gaac_hf.format import ALIGN, BlockGeometry
+
+pytestmark = pytest.mark.slow
+
+BLOCK = 16
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers and fixtures
+# ---------------------------------------------------------------------------------------------
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit equality (distinguishes -0/+0 and NaN payloads, unlike ==)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    view = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    return torch.equal(a.contiguous().view(view), b.contiguous().view(view))
+
+
+def kv_table(model, ids: torch.Tensor, geometry: BlockGeometry, name: str = "smollm2-test") -> CalibrationTable:
+    """A calibration table from the model's own KV on ``ids`` (windows by histogram)."""
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(ids, past_key_values=cache, use_cache=True)
+    kv = torch.stack([torch.stack([layer.keys[0], layer.values[0]]) for layer in cache.layers])  # [L, 2, H, S, D]
+    base8, base16 = choose_windows(exponent_histogram(kv))
+    if geometry.escape_capacity == 0:  # pick the capacity: 99.9% of calibration blocks fit
+        t, d = geometry.block_size, geometry.head_dim
+        s = kv.shape[3] // t * t
+        blocks = kv[:, :, :, :s].reshape(*kv.shape[:3], s // t, t, d)
+        b8 = base8[:, :, :, None].expand(*blocks.shape[:4], d).reshape(-1, d)
+        b16 = base16[:, :, :, None].expand(*blocks.shape[:4], d).reshape(-1, d)
+        esc = encode_blocks(blocks.reshape(-1, t, d), b8, b16, geometry).escape_len.double()
+        cap = int(torch.quantile(esc, 0.999).item())
+        geometry = BlockGeometry(t, d, max(ALIGN, -(-cap // ALIGN) * ALIGN), geometry.group_axis)
+    meta = {"model_name": name, "kv_shape": model_kv_shape(model.config), "fingerprint": config_fingerprint(model.config)}
+    return CalibrationTable(base8, base16, geometry, meta)
+
+
+@contextlib.contextmanager
+def attention(model, name: str):
+    """Temporarily switch the (session-shared) model's attention implementation."""
+    old = model.config._attn_implementation
+    model.set_attn_implementation(name)
+    try:
+        yield model
+    finally:
+        model.set_attn_implementation(old)
+
+
+@pytest.fixture(scope="session")
+def model_tok(smollm2):
+    model, tok = smollm2
+    gaac_hf.register()
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return model, tok
+
+
+@pytest.fixture(scope="session")
+def text_ids(model_tok, wikitext_test) -> torch.Tensor:
+    """Held-out real text as token ids ``[1, N]``."""
+    _, tok = model_tok
+    return tok(wikitext_test[2000:40000], return_tensors="pt").input_ids
+
+
+@pytest.fixture(scope="session")
+def table(model_tok) -> CalibrationTable:
+    """Calibrated on WikiText-2 validation text (not the held-out test text used for prompts)."""
+    model, tok = model_tok
+    calib = (SHARED / "data" / "wikitext-2-v1" / "valid.txt").read_text(encoding="utf-8")[:20000]
+    ids = tok(calib, return_tensors="pt").input_ids[:, :512]
+    return kv_table(model, ids, BlockGeometry(block_size=BLOCK, head_dim=64, escape_capacity=0))
+
+
+def gen_kwargs(tok, **kw) -> dict:
+    base = dict(do_sample=False, max_new_tokens=10, return_dict_in_generate=True, output_logits=True,
+                cache_implementation=None, pad_token_id=tok.pad_token_id)
+    return base | kw
+
+
+def run_pair(model, table, inputs: dict, cache_kw: str = "past_key_values", **kw):
+    """generate() with DynamicCache + sdpa, then with GAACCache + gaac: (ref, out, gaac_cache)."""
+    tok_kw = {k: v for k, v in kw.items() if k != "seed"}
+    seed = kw.get("seed")
+    if seed is not None:
+        torch.manual_seed(seed)
+    with torch.no_grad():
+        ref = model.generate(**inputs, past_key_values=DynamicCache(config=model.config), **tok_kw)
+    cache = GAACCache(model.config, calibration=table)
+    if seed is not None:
+        torch.manual_seed(seed)
+    with attention(model, "gaac"), torch.no_grad():
+        out = model.generate(**inputs, **{cache_kw: cache}, **tok_kw)
+    return ref, out, cache
+
+
+def assert_same_generation(ref, out) -> None:
+    assert torch.equal(ref.sequences, out.sequences), (ref.sequences, out.sequences)
+    assert len(ref.logits) == len(out.logits)
+    for step, (a, b) in enumerate(zip(ref.logits, out.logits)):
+        assert same_bits(a, b), f"logits differ at step {step}"
+
+
+# ---------------------------------------------------------------------------------------------
+# generate(): bit identity with DynamicCache + sdpa
+# ---------------------------------------------------------------------------------------------
+def test_greedy_many_blocks_bit_identical(model_tok, table, text_ids):
+    model, tok = model_tok
+    ids = text_ids[:, :140]  # 8 full blocks + 12 tail tokens; 10 new tokens cross a block boundary
+    ref, out, cache = run_pair(model, table, {"input_ids": ids, "attention_mask": torch.ones_like(ids)},
+                               **gen_kwargs(tok))
+    assert_same_generation(ref, out)
+    layer = cache.layers[0]
+    assert isinstance(layer, GAACLayer)
+    assert layer.num_blocks == (140 + 9) // BLOCK  # the last token generated is never fed back
+    assert cache.get_seq_length() == 140 + 9
+    st = cache.stats()
+    assert st["tail_tokens"] == (140 + 9) % BLOCK and st["seq_length"] == 149
+
+
+def test_cache_keyword(model_tok, table, text_ids):
+    """The newer ``cache=`` spelling (transformers >= 5.18), where the installed version accepts it."""
+    model, tok = model_tok
+    if "cache" not in inspect.signature(type(model).forward).parameters:
+        pytest.skip("this transformers accepts only past_key_values=")
+    ids = text_ids[:, 300:345]
+    ref, out, _ = run_pair(model, table, {"input_ids": ids}, cache_kw="cache", **gen_kwargs(tok, max_new_tokens=6))
+    assert_same_generation(ref, out)
+
+
+def test_batch_left_padding(model_tok, table, wikitext_test):
+    model, tok = model_tok
+    tok.padding_side = "left"
+    texts = [wikitext_test[5000:5400], wikitext_test[9000:9120], wikitext_test[12000:12600]]
+    inputs = tok(texts, return_tensors="pt", padding=True)
+    assert inputs.attention_mask[:, 0].tolist().count(0) == 2  # two rows really are padded
+    ref, out, cache = run_pair(model, table, dict(inputs), **gen_kwargs(tok, max_new_tokens=8))
+    assert_same_generation(ref, out)
+    assert cache.layers[0].num_blocks >= 6
+
+
+def test_sampling_fixed_seed(model_tok, table, text_ids):
+    model, tok = model_tok
+    ids = text_ids[:, 500:580]
+    kw = gen_kwargs(tok, do_sample=True, temperature=0.9, top_k=40, top_p=0.95, max_new_tokens=10)
+    ref, out, _ = run_pair(model, table, {"input_ids": ids}, seed=1234, **kw)
+    assert_same_generation(ref, out)
+
+
+def test_beam_search(model_tok, table, text_ids):
+    model, tok = model_tok
+    ids = text_ids[:, 700:790]  # 5 blocks + 10: the beams fill and finalize a block of their own
+    kw = gen_kwargs(tok, num_beams=3, num_return_sequences=2, max_new_tokens=10, output_scores=True)
+    ref, out, cache = run_pair(model, table, {"input_ids": ids}, **kw)
+    assert torch.equal(ref.sequences, out.sequences)
+    assert same_bits(ref.sequences_scores, out.sequences_scores)
+    for a, b in zip(ref.logits, out.logits):
+        assert same_bits(a, b)
+    assert cache.layers[0].num_blocks == 6
+
+
+def test_prompt_shorter_than_a_block(model_tok, table, text_ids):
+    model, tok = model_tok
+    ids = text_ids[:, 1000:1005]  # 5 tokens: prefill encodes nothing, decode fills the first block
+    ref, out, cache = run_pair(model, table, {"input_ids": ids}, **gen_kwargs(tok, max_new_tokens=14))
+    assert_same_generation(ref, out)
+    assert cache.layers[0].num_blocks == 1 and cache.layers[0].tail_len == 2
+
+
+def test_continue_from_existing_cache(model_tok, table, text_ids):
+    """Second generate() on the same cache, with a multi-token continued prompt (q_len > 1) that
+    attends over compressed history and itself completes blocks."""
+    model, tok = model_tok
+    first = text_ids[:, 1200:1260]
+    extra = text_ids[:, 1400:1425]
+    kw = gen_kwargs(tok, max_new_tokens=7)
+    dyn = DynamicCache(config=model.config)
+    gaac = GAACCache(model.config, calibration=table)
+    with torch.no_grad():
+        ref1 = model.generate(first, past_key_values=dyn, **kw)
+        with attention(model, "gaac"):
+            out1 = model.generate(first, past_key_values=gaac, **kw)
+        assert_same_generation(ref1, out1)
+        ids2 = torch.cat([ref1.sequences, extra], dim=1)
+        ref2 = model.generate(ids2, past_key_values=dyn, **kw)
+        with attention(model, "gaac"):
+            out2 = model.generate(ids2, past_key_values=gaac, **kw)
+    assert_same_generation(ref2, out2)
+    assert gaac.get_seq_length() == dyn.get_seq_length()
+
+
+def test_prompt_lookup_decoding_uses_crop(model_tok, table, text_ids):
+    """Candidate-token decoding verifies several tokens at once and crops rejected ones out of the
+    cache, sometimes back into encoded blocks."""
+    model, tok = model_tok
+    ids = torch.cat([text_ids[:, 2000:2060], text_ids[:, 2000:2030]], dim=1)  # repetitive: lookups hit
+    kw = gen_kwargs(tok, max_new_tokens=16, prompt_lookup_num_tokens=6)
+    ref, out, _ = run_pair(model, table, {"input_ids": ids}, **kw)
+    assert torch.equal(ref.sequences, out.sequences)
+    for a, b in zip(ref.logits, out.logits):
+        assert same_bits(a, b)
+
+
+# ---------------------------------------------------------------------------------------------
+# forward-level: crop into encoded history, non-GAAC attention, stored bits
+# ---------------------------------------------------------------------------------------------
+def test_crop_into_encoded_block_then_continue(model_tok, table, text_ids):
+    model, _ = model_tok
+    ids = text_ids[:, 3000:3100]  # 6 blocks + 4
+    more = text_ids[:, 3200:3205]
+    dyn = DynamicCache(config=model.config)
+    gaac = GAACCache(model.config, calibration=table)
+    with torch.no_grad():
+        model(ids, past_key_values=dyn)
+        with attention(model, "gaac"):
+            model(ids, past_key_values=gaac)
+        dyn.crop(-14)  # 86 tokens: block 5 (80..95) was encoded, now 6 tokens of it go back to the tail
+        gaac.crop(-14)
+        layer = gaac.layers[3]
+        assert (layer.num_blocks, layer.tail_len) == (5, 6)
+        for kind, want in ((0, dyn.layers[3].keys), (1, dyn.layers[3].values)):
+            assert same_bits(layer.full(kind), want)
+        ref = model(more, past_key_values=dyn).logits
+        with attention(model, "gaac"):
+            out = model(more, past_key_values=gaac).logits
+    assert same_bits(ref, out)
+    with pytest.raises(ValueError) if gaac_hf.cache._POSITIVE_CROP_IS_LENGTH is False else contextlib.nullcontext():
+        gaac.crop(50)
+
+
+def test_non_gaac_attention_gets_full_kv(model_tok, table, text_ids):
+    """sdpa (or any other attention) + GAACCache: update() returns full decompressed K/V."""
+    model, tok = model_tok
+    assert model.config._attn_implementation == "sdpa"
+    ids = text_ids[:, 4000:4070]
+    kw = gen_kwargs(tok, max_new_tokens=6)
+    with torch.no_grad():
+        ref = model.generate(ids, past_key_values=DynamicCache(config=model.config), **kw)
+        cache = GAACCache(model.config, calibration=table)
+        out = model.generate(ids, past_key_values=cache, **kw)
+    assert_same_generation(ref, out)
+    assert cache.layers[0].num_blocks == 4  # compressed nonetheless
+    k, v = cache.layers[0].update(torch.zeros(1, 3, 1, 64, dtype=torch.bfloat16),
+                                  torch.zeros(1, 3, 1, 64, dtype=torch.bfloat16))
+    assert k.shape[2] == cache.get_seq_length() and getattr(k, "_gaac_layer", None) is None
+
+
+def test_tail_carrier_not_consumed_raises(model_tok, table):
+    model, _ = model_tok
+    cache = GAACCache(model.config, calibration=table, return_full_kv=False)
+    x = torch.zeros(1, 3, 20, 64, dtype=torch.bfloat16)
+    k, _ = cache.update(x, x, 0)
+    assert k.shape[2] == 4 and k._gaac_layer is cache.layers[0]
+    with pytest.raises(RuntimeError, match="bypassed"):
+        cache.update(x, x, 0)
+
+
+def test_stored_blocks_decode_to_dynamic_cache_bits(model_tok, table, text_ids):
+    """Codec level: every table entry, decoded with the reference codec (or read from the raw
+    pool), has the exact bits of DynamicCache's K/V."""
+    model, _ = model_tok
+    ids = text_ids[:, 5000:5150]
+    dyn = DynamicCache(config=model.config)
+    gaac = GAACCache(model.config, calibration=table)
+    with torch.no_grad():
+        model(ids, past_key_values=dyn)
+        with attention(model, "gaac"):
+            model(ids, past_key_values=gaac)
+    g = gaac.geometry
+    nb = 150 // BLOCK
+    raw_seen = 0
+    for li, layer in enumerate(gaac.layers):
+        for kind, want in ((0, dyn.layers[li].keys), (1, dyn.layers[li].values)):
+            pool = layer.pools[kind]
+            table_ = layer.tables[kind][0, :, :nb]  # [H, nb]
+            b8, b16 = gaac.table.bases(li, kind)
+            for h in range(table_.shape[0]):
+                e = table_[h].long()
+                fit = e >= 0
+                got = torch.empty(nb, g.block_size, g.head_dim, dtype=torch.bfloat16)
+                if fit.any():
+                    got[fit] = decode_blocks(pool.slots[e[fit]], b8[h], b16[h], g)
+                got[~fit] = pool.raw[-e[~fit] - 1]
+                raw_seen += int((~fit).sum())
+                exp = want[0, h, : nb * g.block_size].reshape(nb, g.block_size, g.head_dim)
+                assert same_bits(got, exp), (li, kind, h)
+            tail = layer.tails[kind][0, :, : layer.tail_len]
+            assert same_bits(tail, want[0, :, nb * g.block_size :])
+    assert raw_seen == gaac.stats()["raw_fallback_blocks"]
+
+
+def test_stats_ratio_on_real_text(model_tok, table, text_ids):
+    model, _ = model_tok
+    ids = text_ids[:, 6000:6768]
+    cache = GAACCache(model.config, calibration=table)
+    with attention(model, "gaac"), torch.no_grad():
+        model(ids, past_key_values=cache, logits_to_keep=1)
+    st = cache.stats(per_layer=True)
+    assert st["ratio"] >= 1.35, st
+    assert st["bf16_bytes"] == 30 * 2 * 3 * 768 * 64 * 2
+    assert abs(sum(st["mode_shares"].values()) - 1) < 1e-9
+    assert st["mode_shares"]["3bit"] > 0.8
+    assert st["tail_tokens"] == 0 and st["seq_length"] == 768
+    assert st["stored_blocks"] == st["encoded_blocks"] == 30 * 2 * 3 * 768 // BLOCK
+    assert len(st["layers"]) == 30
+
+
+# ---------------------------------------------------------------------------------------------
+# cache bookkeeping on synthetic KV (no model forward)
+# ---------------------------------------------------------------------------------------------
+def _windowed(table, kind: int, rows: int, tokens: int, gen: torch.Generator, wild: float) -> torch.Tensor:
+    """Synthetic bf16 ``[rows, 3, tokens, 64]`` K (kind 0) or V (1) inside layer 0's windows, except a
+    fraction ``wild`` of values with arbitrary exponents (they push groups to 4-bit/raw, blocks to raw)."""
+    b8 = table.base8[0, kind].to(torch.int32)  # [H, D]
+    exp = b8[None, :, None, :] + torch.randint(0, 8, (rows, 3, tokens, 64), generator=gen, dtype=torch.int32)
+    wild_mask = torch.rand(rows, 3, tokens, 64, generator=gen) < wild
+    exp = torch.where(wild_mask, torch.randint(1, 255, exp.shape, generator=gen, dtype=torch.int32), exp)
+    sm = torch.randint(0, 256, exp.shape, generator=gen, dtype=torch.int32)
+    bits = ((sm & 0x80) << 8) | (exp << 7) | (sm & 0x7F)
+    return bits.to(torch.int16).view(torch.bfloat16)
+
+
+def _filled(table, model, rows: int, tokens: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    k = _windowed(table, 0, rows, tokens, g, wild=0.002)
+    v = _windowed(table, 1, rows, tokens, g, wild=0.005)  # some raw-fallback blocks
+    cache = GAACCache(model.config, calibration=table, return_full_kv=True)
+    dyn = DynamicCache(config=model.config)
+    cache.update(k, v, 0)
+    dyn.update(k, v, 0)
+    return cache, dyn
+
+
+def _assert_layer0_equal(cache, dyn):
+    k, v = cache.layers[0].full_kv()
+    assert same_bits(k, dyn.layers[0].keys) and same_bits(v, dyn.layers[0].values)
+
+
+def test_reorder_select_repeat_match_dynamic_cache(model_tok, table):
+    model, _ = model_tok
+    cache, dyn = _filled(table, model, rows=3, tokens=77)
+    for op, arg in (("reorder_cache", torch.tensor([2, 2, 0])), ("batch_repeat_interleave", 2),
+                    ("batch_select_indices", torch.tensor([0, 3, 5]))):
+        getattr(cache, op)(arg)
+        getattr(dyn, op)(arg)
+        _assert_layer0_equal(cache, dyn)
+        g = torch.Generator().manual_seed(1)
+        rows = cache.layers[0].tails[0].shape[0]
+        k, v = _windowed(table, 0, rows, 9, g, 0.002), _windowed(table, 1, rows, 9, g, 0.005)
+        cache.update(k, v, 0)
+        dyn.update(k, v, 0)
+        _assert_layer0_equal(cache, dyn)
+    layer = cache.layers[0]
+    for kind in (0, 1):
+        pool = layer.pools[kind]
+        assert pool.n_slots > 0 and pool.n_raw > 0  # both storage kinds exercised
+        # batch selection compacts: every pool entry left is referenced by some row
+        live = layer.tables[kind][:, :, : layer.num_blocks]
+        assert pool.n_slots + pool.n_raw == torch.unique(live).numel()
+
+
+def test_crop_positive_and_to_zero(model_tok, table):
+    model, _ = model_tok
+    cache, dyn = _filled(table, model, rows=2, tokens=70)
+    cache.crop(-40)
+    dyn.crop(-40)
+    _assert_layer0_equal(cache, dyn)
+    assert cache.get_seq_length() == 30
+    cache.crop(-100)
+    assert cache.get_seq_length() == 0
+    cache.reset()
+    assert cache.get_seq_length() == 0 and cache.stats()["resident_bytes"] == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# registration and errors
+# ---------------------------------------------------------------------------------------------
+def test_register_is_idempotent_and_undoable():
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.modeling_utils import AttentionInterface
+
+    name = "gaac_test_name"
+    assert name not in AttentionInterface._global_mapping
+    gaac_hf.register(name)
+    gaac_hf.register(name)
+    assert AttentionInterface._global_mapping[name] is gaac_attention_forward
+    assert AttentionMaskInterface._global_mapping[name] is sdpa_mask
+    gaac_hf.unregister(name)
+    gaac_hf.unregister(name)
+    assert name not in AttentionInterface._global_mapping and name not in AttentionMaskInterface._global_mapping
+    with pytest.raises(ValueError):
+        gaac_hf.register("my_sdpa")
+
+
+def test_table_for_another_model_is_rejected(model_tok, table):
+    model, _ = model_tok
+    other = copy.deepcopy(model.config)
+    other.num_hidden_layers = 12
+    other.layer_types = other.layer_types[:12] if getattr(other, "layer_types", None) else None
+    with pytest.raises(ValueError, match="does not fit"):
+        GAACCache(other, calibration=table)
+    with pytest.raises(ValueError, match="calibration"):
+        GAACCache(model.config)
+
+
+def test_non_bf16_model_is_rejected(table):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    gaac_hf.register()
+    cfg = LlamaConfig(vocab_size=64, hidden_size=128, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=64, attn_implementation="gaac")
+    torch.manual_seed(0)
+    tiny = LlamaForCausalLM(cfg).eval()  # float32
+    ids = torch.randint(0, 64, (1, 40))
+    with torch.no_grad():
+        t = kv_table(tiny.to(torch.bfloat16), ids, BlockGeometry(BLOCK, 64, 64), name="tiny")
+        tiny.to(torch.float32)
+        with pytest.raises(ValueError, match="bfloat16"):
+            tiny(ids, past_key_values=GAACCache(tiny.config, calibration=t))
+
+
+def test_mask_shape_mismatch_is_an_error(model_tok, table):
+    model, _ = model_tok
+    cache = GAACCache(model.config, calibration=table, return_full_kv=False)
+    x = torch.zeros(1, 3, 20, 64, dtype=torch.bfloat16)
+    k, v = cache.update(x, x, 0)
+    attn = model.model.layers[0].self_attn
+    q = torch.zeros(1, 9, 1, 64, dtype=torch.bfloat16)
+    bad = torch.ones(1, 1, 1, 25, dtype=torch.bool)
+    with pytest.raises(ValueError, match="mask covers 25"):
+        gaac_attention_forward(attn, q, k, v, bad, scaling=0.125)
+    out, _ = gaac_attention_forward(attn, q, k, v, torch.ones(1, 1, 1, 20, dtype=torch.bool), scaling=0.125)
+    assert out.shape == (1, 1, 9, 64)
