@@ -1,0 +1,62 @@
+"""Plots and alias rows for eval/results/attention_h200.json (runs on the CPU, after the GPU bench).
+
+    python eval/plot_attention.py eval/results/attention_h200.json
+
+Adds rows for shapes whose attention is identical to a measured one (Llama-3.1-8B = Qwen3-8B:
+32 q / 8 kv heads, d=128), flagged ``alias_of`` (not re-measured), and writes
+eval/results/attention_h200_us.png (time per method) and attention_h200_speedup.png (GAAC vs each).
+"""
+import json
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+ALIASES = {"llama-3.1-8b": "qwen3-8b"}
+
+
+def main(path):
+    p = Path(path)
+    d = json.loads(p.read_text())
+    rows = [r for r in d["rows"] if "alias_of" not in r]
+    for alias, src in ALIASES.items():
+        rows += [dict(r, shape=alias, alias_of=src) for r in rows if r["shape"] == src]
+    d["rows"] = rows
+    p.write_text(json.dumps(d, indent=1))
+    meas = [r for r in rows if "alias_of" not in r]
+    shapes = sorted({r["shape"] for r in meas})
+    batches = sorted({r["batch"] for r in meas})
+    for kind in ("us", "speedup"):
+        fig, axes = plt.subplots(len(shapes), len(batches), figsize=(4 * len(batches), 3.2 * len(shapes)), squeeze=False)
+        for i, s in enumerate(shapes):
+            for j, b in enumerate(batches):
+                ax = axes[i][j]
+                rs = sorted((r for r in meas if r["shape"] == s and r["batch"] == b), key=lambda r: r["context"])
+                if not rs:
+                    ax.set_visible(False)
+                    continue
+                x = [r["context"] // 1024 for r in rs]
+                if kind == "us":
+                    for m in ("fa2", "cudnn", "bf16_ours", "gaac"):
+                        ax.plot(x, [r["us"][m] for r in rs], marker="o", label=m)
+                    ax.set_yscale("log")
+                    ax.set_ylabel("us (median)")
+                else:
+                    for m in ("fa2", "cudnn", "bf16_ours"):
+                        ax.plot(x, [r["speedup"][m] for r in rs], marker="o", label=f"vs {m}")
+                    ax.axhline(1.0, color="k", lw=0.5)
+                    ax.set_ylabel("speedup of GAAC (>1 = faster)")
+                ax.set_xscale("log", base=2)
+                ax.set_xlabel("context (K tokens)")
+                ax.set_title(f"{s} B={b}")
+                ax.legend(fontsize=7)
+        fig.suptitle(f"decode attention, {d['gpu']}, triton {d['versions']['triton']}")
+        fig.tight_layout()
+        fig.savefig(p.with_name(p.stem + f"_{kind}.png"), dpi=80)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "eval/results/attention_h200.json")
