@@ -1,0 +1,256 @@
+"""End-to-end decode-step and prefill benchmark: GAACCache vs DynamicCache + SDPA, 8B-shaped model.
+
+    python eval/bench_e2e.py --out eval/results/e2e_h200.json [--contexts 8192 32768 65536] [--batches 1 4]
+
+A random-init Qwen3-8B-shaped model (36 layers, 32 q / 8 kv heads, head_dim 128, bf16) on one GPU;
+speed does not depend on weight values. Calibration windows come from the model's own K/V on a 4K
+random-token prefill (compression depends on values, so the ratio here says nothing about real models;
+see eval/results/compression_*.json for those).
+
+For every (batch, context):
+  * prefill time (one forward of the whole prompt, logits_to_keep=1) with DynamicCache and with
+    GAACCache (whose prefill encodes every complete block): the difference is the encoding overhead;
+  * decode-step latency, as wall time per step (host-synchronised) and as GPU busy time per step
+    (sum of kernel durations from torch.profiler), for DynamicCache with SDPA pinned to the flash
+    backend and to the cuDNN backend, and for GAACCache with the fused Triton decode kernel.
+The bytes each step must read (weights + KV) are reported so the ceiling is visible: with BF16 weights
+the ideal GPU-time gain is (W + KV_bf16) / (W + KV_gaac).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from contextlib import nullcontext
+
+import torch
+
+
+def qwen3_8b_config():
+    from transformers import Qwen3Config
+
+    return Qwen3Config(
+        vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=131072,
+        rope_theta=1_000_000.0, tie_word_embeddings=False,
+    )
+
+
+def tiny_config():
+    """A 2-layer model of the same structure, for a CPU smoke run of this script (--tiny)."""
+    from transformers import Qwen3Config
+
+    return Qwen3Config(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                       num_attention_heads=8, num_key_value_heads=2, head_dim=128, tie_word_embeddings=False)
+
+
+def _sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def build_model(dev, tiny=False):
+    from transformers import AutoModelForCausalLM
+
+    cfg = tiny_config() if tiny else qwen3_8b_config()
+    torch.manual_seed(0)
+    with torch.device(dev):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation="sdpa")
+    return model.eval()
+
+
+def calibrate_random(model, dev, tokens=4096, block_size=64):
+    """A CalibrationTable from the model's own K/V on random tokens (and an escape capacity that
+    fits 99.9% of those blocks)."""
+    from transformers import DynamicCache
+
+    from gaac_hf.calibration import CalibrationTable, choose_windows, config_fingerprint, exponent_histogram, model_kv_shape
+    from gaac_hf.codec import encode_blocks
+    from gaac_hf.format import ALIGN, BlockGeometry
+
+    g = torch.Generator(device="cpu").manual_seed(1)
+    ids = torch.randint(0, model.config.vocab_size, (1, tokens), generator=g).to(dev)
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(ids, past_key_values=cache, logits_to_keep=1)
+    kv = torch.stack([torch.stack([layer.keys[0], layer.values[0]]) for layer in cache.layers])  # [L,2,H,S,D]
+    b8, b16 = choose_windows(exponent_histogram(kv))
+    d = kv.shape[-1]
+    big = BlockGeometry(block_size, d, 16 * ((BlockGeometry(block_size, d, 0).max_escape_bytes + 15) // 16))
+    esc = []
+    for layer in range(kv.shape[0]):
+        for kind in range(2):
+            x = kv[layer, kind]
+            h, s, _ = x.shape
+            nb = s // block_size
+            blocks = x[:, : nb * block_size].reshape(h * nb, block_size, d)
+            e = encode_blocks(blocks, b8[layer, kind].repeat_interleave(nb, 0), b16[layer, kind].repeat_interleave(nb, 0), big)
+            esc.append(e.escape_len.float())
+    esc = torch.cat(esc)
+    cap = int(torch.quantile(esc.cpu(), 0.999).item())
+    cap = (cap + ALIGN - 1) // ALIGN * ALIGN
+    meta = {"model_name": "qwen3-8b-random-init", "kv_shape": model_kv_shape(model.config),
+            "fingerprint": config_fingerprint(model.config), "text": "random tokens", "tokens": tokens}
+    return CalibrationTable(b8.cpu(), b16.cpu(), BlockGeometry(block_size, d, cap), meta)
+
+
+def gpu_busy_us(fn, steps):
+    """Sum of CUDA kernel time per call of fn, from the profiler (excludes launch gaps)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    if not torch.cuda.is_available():
+        return float("nan")
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize()
+    total = sum(e.self_device_time_total for e in prof.key_averages())
+    return total / steps
+
+
+def wall_us(fn, steps):
+    _sync()
+    t = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        fn()
+        _sync()
+        t.append(time.perf_counter() - t0)
+    t.sort()
+    return t[len(t) // 2] * 1e6
+
+
+def run_case(model, table, B, S, dev, args):
+    import gaac_hf
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from transformers import DynamicCache
+
+    g = torch.Generator(device="cpu").manual_seed(S + B)
+    ids = torch.randint(0, model.config.vocab_size, (B, S), generator=g).to(dev)
+    nxt = torch.randint(0, model.config.vocab_size, (B, 1), generator=g).to(dev)
+    row = {"batch": B, "context": S}
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    L, H, D = model.config.num_hidden_layers, model.config.num_key_value_heads, model.config.head_dim
+    row["bytes"] = {"weights": weights, "kv_bf16": 2 * L * B * H * S * D * 2}
+
+    def prefill(cache):
+        _sync()
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            model(ids, past_key_values=cache, logits_to_keep=1)
+        _sync()
+        return time.perf_counter() - t0
+
+    def decode_fn(cache, ctx):
+        pos = torch.full((B, 1), S, device=dev, dtype=torch.long)
+
+        def step():
+            with torch.no_grad(), ctx():
+                model(nxt, past_key_values=cache, position_ids=pos, logits_to_keep=1)
+            # keep the context length fixed: drop the token just appended
+            cache.crop(-1)
+        return step
+
+    # ---- BF16 baseline: DynamicCache + SDPA (flash, cuDNN) ----
+    model.set_attn_implementation("sdpa")
+    cache = DynamicCache(config=model.config)
+    if dev.type != "cuda":  # CPU smoke run: SDPA picks its math backend
+        sdpa_kernel = lambda b: nullcontext()  # noqa: E731
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        prefill(DynamicCache(config=model.config))  # warm-up (compiles nothing, primes allocator)
+        row["prefill_s_bf16"] = prefill(cache)
+    for name, backend in (("fa2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+        step = decode_fn(cache, lambda b=backend: sdpa_kernel(b))
+        for _ in range(3):
+            step()
+        row[f"step_wall_us_{name}"] = wall_us(step, args.steps)
+        row[f"step_gpu_us_{name}"] = gpu_busy_us(step, args.prof_steps)
+    del cache
+    torch.cuda.empty_cache()
+
+    # ---- GAAC ----
+    gaac_hf.register()
+    model.set_attn_implementation("gaac")
+    try:
+        warm = gaac_hf.GAACCache(model.config, calibration=table)
+        prefill(warm)
+        del warm
+        cache = gaac_hf.GAACCache(model.config, calibration=table)
+        row["prefill_s_gaac"] = prefill(cache)
+        st = cache.stats()
+        row["gaac_stats"] = {k: st[k] for k in ("resident_bytes", "bf16_bytes", "ratio", "raw_fallback_blocks", "mode_shares")}
+        row["bytes"]["kv_gaac"] = st["resident_bytes"]
+        step = decode_fn(cache, nullcontext)
+        for _ in range(3):
+            step()
+        row["step_wall_us_gaac"] = wall_us(step, args.steps)
+        row["step_gpu_us_gaac"] = gpu_busy_us(step, args.prof_steps)
+        del cache
+    finally:
+        model.set_attn_implementation("sdpa")
+        torch.cuda.empty_cache()
+    w, kb, kg = row["bytes"]["weights"], row["bytes"]["kv_bf16"], row["bytes"]["kv_gaac"]
+    row["ideal_gpu_speedup"] = (w + kb) / (w + kg)
+    row["prefill_overhead"] = row["prefill_s_gaac"] / row["prefill_s_bf16"] - 1
+    for base in ("fa2", "cudnn"):
+        row[f"speedup_wall_vs_{base}"] = row[f"step_wall_us_{base}"] / row["step_wall_us_gaac"]
+        row[f"speedup_gpu_vs_{base}"] = row[f"step_gpu_us_{base}"] / row["step_gpu_us_gaac"]
+    return row
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="eval/results/e2e_h200.json")
+    p.add_argument("--contexts", type=int, nargs="+", default=[8192, 32768, 65536])
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 4])
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--prof-steps", type=int, default=3)
+    p.add_argument("--budget-s", type=float, default=400)
+    p.add_argument("--tiny", action="store_true", help="2-layer model on the CPU: checks the script, measures nothing")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available() and not args.tiny:
+        sys.exit("bench_e2e needs a CUDA GPU (or --tiny for a CPU smoke run)")
+    import transformers
+    import triton
+
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    t_start = time.time()
+    model = build_model(dev, tiny=args.tiny)
+    table = calibrate_random(model, dev, tokens=512 if args.tiny else 4096)
+    out = {
+        "gpu": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu (--tiny smoke run)",
+        "versions": {"torch": torch.__version__, "triton": triton.__version__, "transformers": transformers.__version__,
+                     "python": platform.python_version()},
+        "command": "python " + " ".join(sys.argv),
+        "model": "Qwen3-8B shape, random init, bf16",
+        "calibration": {"escape_capacity": table.geometry.escape_capacity, "block_size": table.geometry.block_size},
+        "rows": [], "skipped": [],
+    }
+    cases = [(b, s) for s in args.contexts for b in args.batches]
+    for B, S in cases:
+        if time.time() - t_start > args.budget_s:
+            out["skipped"].append({"batch": B, "context": S, "why": "time budget"})
+            continue
+        try:
+            row = run_case(model, table, B, S, dev, args)
+        except torch.OutOfMemoryError as e:  # report, keep going
+            row = {"batch": B, "context": S, "error": f"OOM: {e}"[:300]}
+            torch.cuda.empty_cache()
+        out["rows"].append(row)
+        print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items() if not isinstance(v, dict)}), flush=True)
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=1)
+    print(f"{'B':>2} {'ctx':>6} {'wall fa2':>9} {'cudnn':>8} {'gaac':>8} {'gpu fa2':>8} {'cudnn':>8} {'gaac':>8} {'ideal':>6} {'prefill+':>8}")
+    for r in out["rows"]:
+        if "error" in r:
+            print(r["batch"], r["context"], r["error"][:80])
+            continue
+        print(f"{r['batch']:>2} {r['context']:>6} {r['step_wall_us_fa2']/1e3:>8.1f}m {r['step_wall_us_cudnn']/1e3:>7.1f}m "
+              f"{r['step_wall_us_gaac']/1e3:>7.1f}m {r['step_gpu_us_fa2']/1e3:>7.2f}m {r['step_gpu_us_cudnn']/1e3:>7.2f}m "
+              f"{r['step_gpu_us_gaac']/1e3:>7.2f}m {r['ideal_gpu_speedup']:>6.3f} {100*r['prefill_overhead']:>7.1f}%")
+
+
+if __name__ == "__main__":
+    main()
