@@ -205,3 +205,298 @@ class CalibrationTable:
             )
         geometry = BlockGeometry.from_dict(header["geometry"])
         return cls(tensors["base8"].to(device), tensors["base16"].to(device), geometry, header.get("meta", {}))
+
+
+# ---------------------------------------------------------------------------------------------
+# group modes, escape capacity and mode statistics
+# ---------------------------------------------------------------------------------------------
+MODE_NAMES = ("3bit", "4bit", "raw")
+
+#: Default quantile of escape bytes per block that the slot's escape capacity must hold.
+ESCAPE_QUANTILE = 0.999
+
+
+def block_tags(exponent: torch.Tensor, base8: torch.Tensor, base16: torch.Tensor, geometry: BlockGeometry) -> torch.Tensor:
+    """Mode tag of every group of every full block, from exponent fields alone.
+
+    Args:
+        exponent: integer ``[..., S, D]`` exponent fields (S a multiple of the block size).
+        base8, base16: uint8 ``[..., D]`` windows (broadcast over the leading dims of ``exponent``).
+    Returns:
+        int32 ``[..., S / block_size, groups_per_block]`` (the tags :func:`gaac_hf.codec.encode_blocks`
+        writes for these values).
+    """
+    from .codec import group_modes
+
+    t, d = geometry.block_size, geometry.head_dim
+    *lead, s, d2 = exponent.shape
+    if d2 != d or s % t:
+        raise ValueError(f"exponent shape {tuple(exponent.shape)} is not [..., k*{t}, {d}]")
+    e = exponent.to(torch.int32).reshape(*lead, s // t, t, d)
+    b8 = base8.to(torch.int32).unsqueeze(-2).unsqueeze(-2)  # [..., 1, 1, D]
+    b16 = base16.to(torch.int32).unsqueeze(-2).unsqueeze(-2)
+    if geometry.group_axis == "token":
+        e = e.transpose(-1, -2)
+        b8, b16 = b8.transpose(-1, -2), b16.transpose(-1, -2)
+    tags = group_modes(e, b8.expand_as(e), b16.expand_as(e))  # [..., nb, rows, cols/8]
+    return tags.reshape(*lead, s // t, -1)
+
+
+def escape_bytes(tags: torch.Tensor) -> torch.Tensor:
+    """Escape bytes per block: int32 ``[..., groups]`` tags -> int64 ``[...]``."""
+    from .format import ESCAPE_BYTES
+
+    return torch.tensor(ESCAPE_BYTES, dtype=torch.int64, device=tags.device)[tags].sum(-1)
+
+
+def choose_escape_capacity(esc_per_block: torch.Tensor, geometry: BlockGeometry, quantile: float = ESCAPE_QUANTILE) -> int:
+    """The escape capacity of a slot: the ``quantile`` of escape bytes per block, rounded up to 16.
+
+    With the default 0.999, about one block in a thousand (or fewer) overflows its slot and is stored
+    raw on data like the calibration text: a raw block costs ~2,400 bytes more than a slot at
+    head_dim 64, while each 16 bytes of capacity costs 16 bytes on every block, so rare fallbacks are
+    also close to the byte optimum. At least 16 (one aligned vector), at most the all-raw worst case.
+    """
+    from .format import ALIGN
+
+    if esc_per_block.numel() == 0:
+        raise ValueError("no blocks to choose an escape capacity from")
+    q = torch.quantile(esc_per_block.double().flatten(), quantile, interpolation="higher").item()
+    cap = -(-int(q) // ALIGN) * ALIGN
+    worst = -(-geometry.max_escape_bytes // ALIGN) * ALIGN
+    return int(min(max(cap, ALIGN), worst))
+
+
+def _shares(counts: torch.Tensor) -> dict:
+    tot = max(int(counts.sum()), 1)
+    return {name: round(int(c) / tot, 6) for name, c in zip(MODE_NAMES, counts.tolist())}
+
+
+def mode_statistics(
+    exponents: list[torch.Tensor],
+    base8: torch.Tensor,
+    base16: torch.Tensor,
+    geometry: BlockGeometry,
+    position_ranges: list[tuple[int, int]],
+    layer_lengths: list[int] | None = None,
+) -> dict:
+    """Group modes of sampled KV under given windows.
+
+    Args:
+        exponents: list of uint8 ``[L, 2, Hkv, S, D]`` exponent fields (one per sequence).
+        base8, base16: uint8 ``[L, 2, Hkv, D]``.
+        layer_lengths: tokens each layer really holds; layers holding fewer than S (sliding
+            window) are left out.
+    Returns:
+        dict with ``escape_bytes`` (int64 tensor, one entry per block), ``mode_counts``
+        (int64 ``[L, 2, 3]``) and ``range_counts`` (int64 ``[R, 2, 3]``; a block belongs to the
+        range holding its first position).
+    """
+    L = base8.shape[0]
+    t = geometry.block_size
+    esc, mode_counts = [], torch.zeros(L, 2, 3, dtype=torch.int64)
+    range_counts = torch.zeros(len(position_ranges), 2, 3, dtype=torch.int64)
+    for ex in exponents:
+        s = ex.shape[3]
+        nb = s // t
+        starts = torch.arange(nb) * t
+        in_range = torch.stack([(starts >= a) & (starts < b) for a, b in position_ranges]) if position_ranges else None
+        for li in range(L):
+            if layer_lengths and layer_lengths[li] < s:
+                continue
+            tags = block_tags(ex[li, :, :, : nb * t], base8[li], base16[li], geometry)  # [2, H, nb, G]
+            esc.append(escape_bytes(tags).flatten())
+            onehot = torch.stack([(tags == m).sum(-1) for m in range(3)], -1)  # [2, H, nb, 3]
+            per_block = onehot.sum(1)  # [2, nb, 3]
+            mode_counts[li] += per_block.sum(1)
+            if in_range is not None:
+                range_counts += (in_range[:, None, :, None] * per_block[None]).sum(2)
+    return {
+        "escape_bytes": torch.cat(esc) if esc else torch.zeros(0, dtype=torch.int64),
+        "mode_counts": mode_counts,
+        "range_counts": range_counts,
+    }
+
+
+def window_coverage(hist: torch.Tensor, base8: torch.Tensor, base16: torch.Tensor) -> dict:
+    """Share of values inside their channel's 8-window and 16-window.
+
+    hist: int64 ``[..., L, 2, H, D, 256]``; bases ``[L, 2, H, D]``. Returns per K/V shares summed
+    over everything but the leading dims (a list if hist has a leading range dim).
+    """
+    e = torch.arange(256)
+    b8 = base8.to(torch.int64).unsqueeze(-1)
+    b16 = base16.to(torch.int64).unsqueeze(-1)
+    in8 = (e >= b8) & (e < b8 + 8)
+    in16 = (e >= b16) & (e < b16 + 16)
+
+    def cov(h: torch.Tensor) -> dict:
+        out = {}
+        for kind, name in ((K, "K"), (V, "V")):
+            hk = h[:, kind]
+            tot = max(int(hk.sum()), 1)
+            out[name] = {
+                "in_8_window": round(int((hk * in8[:, kind]).sum()) / tot, 6),
+                "in_16_window": round(int((hk * in16[:, kind]).sum()) / tot, 6),
+                "values": int(hk.sum()),
+            }
+        return out
+
+    return cov(hist) if hist.dim() == 5 else [cov(h) for h in hist]
+
+
+def format_position_table(by_position: list[dict], title: str = "mode shares by position (groups)") -> str:
+    """A plain-text table of K/V mode shares per position range."""
+    lines = [title, f"{'positions':>10} | {'K 3b':>6} {'K 4b':>6} {'K raw':>6} | {'V 3b':>6} {'V 4b':>6} {'V raw':>6} | {'blocks':>7}"]
+    for row in by_position:
+        k, v = row["K"], row["V"]
+        lines.append(
+            f"{row['range']:>10} | {100 * k['3bit']:5.1f}% {100 * k['4bit']:5.1f}% {100 * k['raw']:5.2f}% | "
+            f"{100 * v['3bit']:5.1f}% {100 * v['4bit']:5.1f}% {100 * v['raw']:5.2f}% | {row.get('blocks', 0):>7}"
+        )
+    return "\n".join(lines)
+
+
+def calibrate(
+    model,
+    tokenizer,
+    text: str,
+    *,
+    context: int = 8192,
+    block_size: int = 64,
+    group_axis: str = "channel",
+    max_tokens: int | None = None,
+    text_name: str | None = None,
+    model_name: str | None = None,
+    stats_tokens: int | None = None,
+    escape_quantile: float = ESCAPE_QUANTILE,
+    position_ranges: list[tuple[int, int]] | None = None,
+    batch_size: int = 1,
+    progress: bool = True,
+    full_cache: bool = False,
+) -> CalibrationTable:
+    """Calibrate GAAC windows for ``model`` on ``text``.
+
+    1. Run the model on chunks of ``context`` tokens (see :mod:`gaac_hf.collect`) and histogram the
+       exponents of every (layer, K/V, kv-head, channel) over all chunks.
+    2. :func:`choose_windows` picks each channel's 8- and 16-window.
+    3. On the first ``stats_tokens`` tokens (default ``max(context, 32768)``) the group modes under
+       those windows give the escape bytes per block; :func:`choose_escape_capacity` sets the slot's
+       escape capacity to their ``escape_quantile`` rounded up to 16 bytes.
+    4. ``meta`` records the model (name, fingerprint, kv_shape), the text (name, sha256, tokens),
+       context, date, the capacity rule and its statistics, mode shares overall / per layer / per
+       position range, and window coverage per position range (over all tokens).
+
+    Keys are post-RoPE: calibrate with ``context`` at the deployment length. ``full_cache``: also
+    calibrate sliding-window layers on every position (see :func:`gaac_hf.collect.run_chunks`).
+    """
+    from .collect import collect_kv_stats, default_position_ranges
+
+    head_dim = model_kv_shape(model.config)["head_dim"]
+    BlockGeometry(block_size=block_size, head_dim=head_dim, escape_capacity=0, group_axis=group_axis)  # validate early
+    if position_ranges is None:
+        position_ranges = default_position_ranges(context)
+    stats = collect_kv_stats(
+        model,
+        tokenizer,
+        text,
+        context=context,
+        max_tokens=max_tokens,
+        position_ranges=position_ranges,
+        keep_tokens=max(context, 32768) if stats_tokens is None else stats_tokens,
+        block_size=block_size,
+        batch_size=batch_size,
+        progress=progress,
+        full_cache=full_cache,
+    )
+    return table_from_stats(
+        model.config,
+        stats,
+        block_size=block_size,
+        group_axis=group_axis,
+        escape_quantile=escape_quantile,
+        model_name=model_name or getattr(model.config, "_name_or_path", None),
+        text=text,
+        text_name=text_name,
+    )
+
+
+def table_from_stats(
+    config,
+    stats,
+    *,
+    block_size: int = 64,
+    group_axis: str = "channel",
+    escape_quantile: float = ESCAPE_QUANTILE,
+    model_name: str | None = None,
+    text: str | None = None,
+    text_name: str | None = None,
+) -> CalibrationTable:
+    """Build a :class:`CalibrationTable` from :class:`gaac_hf.collect.KVStats` (steps 2-4 of
+    :func:`calibrate`); one forward pass can serve several geometries (e.g. both group axes)."""
+    import datetime
+
+    from .collect import range_label
+
+    shape = model_kv_shape(config)
+    if not stats.exponents:
+        raise ValueError("the stats keep no exponent sample (keep_tokens=0): cannot choose an escape capacity")
+    base8, base16 = choose_windows(stats.hist)
+    probe = BlockGeometry(block_size=block_size, head_dim=shape["head_dim"], escape_capacity=0, group_axis=group_axis)
+    ms = mode_statistics(stats.exponents, base8, base16, probe, stats.position_ranges, stats.layer_lengths)
+    esc = ms["escape_bytes"]
+    cap = choose_escape_capacity(esc, probe, escape_quantile)
+    geometry = BlockGeometry(block_size=block_size, head_dim=shape["head_dim"], escape_capacity=cap, group_axis=group_axis)
+
+    mc = ms["mode_counts"]
+    coverage = window_coverage(stats.range_hist, base8, base16) if stats.range_hist is not None else []
+    by_position = []
+    for ri, r in enumerate(stats.position_ranges):
+        rc = ms["range_counts"][ri]
+        by_position.append(
+            {
+                "range": range_label(r),
+                "start": r[0],
+                "stop": r[1],
+                "K": _shares(rc[K]),
+                "V": _shares(rc[V]),
+                "blocks": int(rc[K].sum()) // probe.groups,  # K blocks (as many V blocks)
+                "window_coverage": coverage[ri] if coverage else None,
+            }
+        )
+    escf = esc.double()
+    text_meta = {"name": text_name or "<string>", "tokens_used": stats.tokens}
+    if text is not None:
+        text_meta |= {"sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(), "chars": len(text)}
+    meta = {
+        "model_name": model_name or shape["model_type"],
+        "fingerprint": config_fingerprint(config),
+        "kv_shape": shape,
+        "text": text_meta,
+        "context": stats.context,
+        "chunks": stats.chunks,
+        "tokens": stats.tokens,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "escape_capacity": {
+            "bytes": cap,
+            "rule": f"quantile {escape_quantile} of escape bytes per block on the calibration sample, rounded up to 16 (>= 16)",
+            "quantile": escape_quantile,
+            "blocks": int(esc.numel()),
+            "escape_bytes_per_block": {
+                "mean": round(escf.mean().item(), 3),
+                "p50": int(torch.quantile(escf, 0.5).item()),
+                "p99": int(torch.quantile(escf, 0.99).item()),
+                "p999": int(torch.quantile(escf, 0.999).item()),
+                "max": int(esc.max().item()),
+            },
+            "raw_fallback_share": round(float((esc > cap).double().mean()), 6),
+        },
+        "stats_tokens": stats.kept_tokens,
+        "mode_shares": {
+            "K": _shares(mc[:, K].sum(0)),
+            "V": _shares(mc[:, V].sum(0)),
+            "per_layer": [{"layer": li, "K": _shares(mc[li, K]), "V": _shares(mc[li, V])} for li in range(mc.shape[0])],
+            "by_position": by_position,
+        },
+    }
+    return CalibrationTable(base8, base16, geometry, meta)

