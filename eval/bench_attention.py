@@ -148,9 +148,9 @@ def bits_equal(a, b):
     return bool(torch.equal(a.view(torch.int16), b.view(torch.int16)))
 
 
-SWEEP = {  # (num_warps, programs per SM, sub-tile tokens, num_stages); run 1's best configs and neighbours
-    "gaac": [(4, 4, 16, 1), (4, 8, 16, 1), (4, 4, 32, 1), (8, 4, 32, 1)],
-    "bf16": [(4, 4, 32, 1), (4, 4, 64, 1), (8, 8, 64, 1)],
+SWEEP = {  # (num_warps, programs per SM, sub-tile tokens, num_stages)
+    "gaac": [(4, 4, 32, 1), (8, 4, 32, 1), (8, 4, 64, 1), (4, 4, 16, 1), (8, 8, 32, 1)],
+    "bf16": [(4, 4, 32, 1), (4, 4, 64, 1), (8, 4, 64, 1)],
 }
 
 

@@ -100,56 +100,134 @@ def decode_block_bits(
     return (((sm & 0x80) << 8) | (exp << 7) | (sm & 0x7F)) & 0xFFFF
 
 
+# ---------------------------------------------------------------------------------------------
+# pair decoder: a thread owns whole groups ([TS, G] tensors) and builds two BF16 per 32-bit op
+# ---------------------------------------------------------------------------------------------
 @triton.jit
-def decode_rows_fast(
-    slot,  # *uint8: first byte of the slot
-    r0,  # first row (token) of the sub-tile inside the block
-    esc_base,  # escape bytes used by rows < r0 (running sum carried by the caller)
-    b8s,  # int32 [1, Q, 4, 8]: base8 << 7 per channel
-    b16s,  # int32 [1, Q, 4, 8]: base16 << 7 per channel
-    LO2_OFF: tl.constexpr,
-    HI1_OFF: tl.constexpr,
-    TAG_OFF: tl.constexpr,
-    ESC_OFF: tl.constexpr,
-    TS: tl.constexpr,
-    D: tl.constexpr,
-):
-    """Rows ``[r0, r0 + TS)`` of a slot -> (int32 ``[TS, Q, 4, 8]`` BF16 bits, esc_base + escape bytes
-    of these rows). Same bits as :func:`decode_block_bits` for every slot the encoder wrote
-    (fits == True: no tag 3, no escape overrun), with fewer integer ops per value:
+def _spread2(x):
+    """uint32 with 8 2-bit fields in bits 0..15 -> field j in bits 4j..4j+1."""
+    x = (x | (x << 8)) & 0x00FF00FF
+    x = (x | (x << 4)) & 0x0F0F0F0F
+    return (x | (x << 2)) & 0x33333333
 
-    * BF16 bits are a SUM of disjoint fields: ``sign|mant`` (sign-extended sm byte & 0x807F),
-      ``base << 7`` (per channel, pre-shifted once per program) and ``coded << 7``: exp <= 255 for a
-      valid slot, so adding never carries into the sign bit.
-    * ``coded << 7`` is assembled from group words pre-shifted once per group (1/8 op per value),
-      so each value costs one shift + one mask per source plane.
-    * escape bytes 1-4 (raw groups: ~0.1-0.4% of groups) are only read in sub-tiles that hold a raw
-      group (a uniform branch), not masked-loaded for every group.
-    * sub-tiles of TS rows keep the register footprint small; the escape offset is carried across
-      sub-tiles, so the prefix sum only spans TS*D/8 groups.
+
+@triton.jit
+def _spread1(x):
+    """uint32 with 8 bits in bits 0..7 -> bit j at bit 4j."""
+    x = (x | (x << 12)) & 0x000F000F
+    x = (x | (x << 6)) & 0x03030303
+    return (x | (x << 3)) & 0x11111111
+
+
+@triton.jit
+def base_pair_words(BASE, h, D: tl.constexpr):
+    """Per-channel bases of kv-head h -> 4 uint32 ``[1, G]`` words: word m holds channel 8g+2m's
+    base in bits 7..14 and channel 8g+2m+1's in bits 23..30 (the exponent fields of a BF16 pair)."""
+    g = tl.arange(0, D // 8)[None, :]
+    p = BASE + h * D + 8 * g
+    w0 = (tl.load(p + 0).to(tl.uint32) << 7) | (tl.load(p + 1).to(tl.uint32) << 23)
+    w1 = (tl.load(p + 2).to(tl.uint32) << 7) | (tl.load(p + 3).to(tl.uint32) << 23)
+    w2 = (tl.load(p + 4).to(tl.uint32) << 7) | (tl.load(p + 5).to(tl.uint32) << 23)
+    w3 = (tl.load(p + 6).to(tl.uint32) << 7) | (tl.load(p + 7).to(tl.uint32) << 23)
+    return w0, w1, w2, w3
+
+
+@triton.jit
+def _pair(smh, n, hn, bw, HAS_RAW: tl.constexpr):
+    """One BF16 pair: smh = the 2 sm bytes in bits 0..15, n/hn = coded-exponent nibbles (low / high
+    4 bits) of the pair in bits 0..7, bw = selected base pair word."""
+    y = (smh | (smh << 8)) & 0x00FF00FF  # byte per 16-bit lane
+    e = bw + (((n & 0xF) << 7) | ((n & 0xF0) << 19))
+    if HAS_RAW:
+        e = e + (((hn & 0xF) << 11) | ((hn & 0xF0) << 23))
+    return ((y & 0x00800080) << 8) | (y & 0x007F007F) | e
+
+
+@triton.jit
+def decode_rows_pairs(
+    slot, r0, esc_base, b8w0, b8w1, b8w2, b8w3, b16w0, b16w1, b16w2, b16w3,
+    LO2_OFF: tl.constexpr, HI1_OFF: tl.constexpr, TAG_OFF: tl.constexpr, ESC_OFF: tl.constexpr,
+    TS: tl.constexpr, D: tl.constexpr,
+):
+    """Rows [r0, r0+TS) of a slot written by the encoder (fits == True) -> 4 uint32 ``[TS, G]`` words
+    per group (word m = values 2m, 2m+1 as a BF16 pair, little-endian) and the next escape offset.
+
+    Per group (1/8 of the ops per value): one 8-byte sm load, the lo2/hi1/tag words, the escape byte
+    at the group's prefix-sum offset, and three spread steps that turn the code planes into one
+    nibble per value (``N``). Per pair of values: ~10 32-bit ops (byte spread, sign/mantissa masks,
+    nibble -> exponent field, + base), i.e. ~5 per value, with no cross-lane data movement.
     """
     Q: tl.constexpr = D // 32
     G: tl.constexpr = D // 8
-    grp, elem, chan, t, q, i, j = tile_index(TS, D)
-    sm = tl.load(slot + r0 * D + elem).to(tl.int8, bitcast=True).to(tl.int32)  # sign-extended
-    lo2 = tl.load((slot + LO2_OFF).to(tl.pointer_type(tl.uint16)) + r0 * G + grp).to(tl.int32) << 7
-    hi1 = tl.load(slot + HI1_OFF + r0 * G + grp).to(tl.int32) << 9
-    tagb = tl.load(slot + TAG_OFF + r0 * Q + t * Q + q).to(tl.int32)
-    tag = (tagb >> (2 * i)) & 3  # [TS, Q, 4, 1]
-    cnt = tl.where(tag == 1, 1, tl.where(tag == 2, 5, 0))
+    t = tl.arange(0, TS)[:, None]
+    g = tl.arange(0, G)[None, :]
+    gi = t * G + g
+    sm = tl.load((slot + r0 * D).to(tl.pointer_type(tl.int64)) + gi)
+    smlo = sm.to(tl.uint32)
+    smhi = (sm >> 32).to(tl.uint32)
+    lo2 = tl.load((slot + LO2_OFF).to(tl.pointer_type(tl.uint16)) + r0 * G + gi).to(tl.uint32)
+    hi1 = tl.load(slot + HI1_OFF + r0 * G + gi).to(tl.uint32)
+    tag = (tl.load(slot + TAG_OFF + r0 * Q + t * Q + g // 4).to(tl.int32) >> (2 * (g % 4))) & 3
+    # escape counts (+ 1<<16 per raw group): one scan and one max give the offset and the raw flag
+    cnt = tl.where(tag == 1, 1, tl.where(tag == 2, 5 + 65536, 0))
     flat = tl.reshape(cnt, [TS * G])
     incl = tl.cumsum(flat, 0)
-    start = tl.reshape(incl - flat, [TS, Q, 4, 1]) + esc_base
+    tot = tl.max(incl, 0)
+    start = (tl.reshape(incl - flat, [TS, G]) & 0xFFFF) + esc_base
     esc = slot + ESC_OFF + start
-    e0 = tl.load(esc, mask=cnt > 0, other=0).to(tl.int32) << 10
-    c7 = ((lo2 >> (2 * j)) & 0x180) | ((hi1 >> j) & 0x200) | ((e0 >> j) & 0x400)
-    base7 = tl.where(tag == 0, b8s, tl.where(tag == 1, b16s, 0))
-    bits = (sm & 0x807F) + base7 + c7
-    if tl.max(tl.reshape(tag, [TS * G]), 0) == 2:  # a raw group here: bits 4..7 of its exponents
-        is_raw = cnt == 5
-        extra = tl.zeros_like(bits)
-        for k in tl.static_range(1, 5):
-            ek = tl.load(esc + k, mask=is_raw, other=0).to(tl.int32)
-            extra = extra | (((ek >> j) & 1) << (10 + k))
-        bits = bits + extra
-    return bits, esc_base + tl.sum(flat, 0)
+    e0 = tl.load(esc, mask=tag > 0, other=0).to(tl.uint32)
+    n = _spread2(lo2) | (_spread1(hi1) << 2) | (_spread1(e0) << 3)
+    z = tl.zeros_like(b8w0)
+    bw0 = tl.where(tag == 0, b8w0, tl.where(tag == 1, b16w0, z))
+    bw1 = tl.where(tag == 0, b8w1, tl.where(tag == 1, b16w1, z))
+    bw2 = tl.where(tag == 0, b8w2, tl.where(tag == 1, b16w2, z))
+    bw3 = tl.where(tag == 0, b8w3, tl.where(tag == 1, b16w3, z))
+    if tot >= 65536:  # a raw group in these rows: exponent bits 4..7 from escape bytes 1..4
+        is_raw = tag == 2
+        hn = _spread1(tl.load(esc + 1, mask=is_raw, other=0).to(tl.uint32))
+        hn = hn | (_spread1(tl.load(esc + 2, mask=is_raw, other=0).to(tl.uint32)) << 1)
+        hn = hn | (_spread1(tl.load(esc + 3, mask=is_raw, other=0).to(tl.uint32)) << 2)
+        hn = hn | (_spread1(tl.load(esc + 4, mask=is_raw, other=0).to(tl.uint32)) << 3)
+        w0 = _pair(smlo & 0xFFFF, n, hn, bw0, True)
+        w1 = _pair(smlo >> 16, n >> 8, hn >> 8, bw1, True)
+        w2 = _pair(smhi & 0xFFFF, n >> 16, hn >> 16, bw2, True)
+        w3 = _pair(smhi >> 16, n >> 24, hn >> 24, bw3, True)
+    else:
+        w0 = _pair(smlo & 0xFFFF, n, n, bw0, False)
+        w1 = _pair(smlo >> 16, n >> 8, n, bw1, False)
+        w2 = _pair(smhi & 0xFFFF, n >> 16, n, bw2, False)
+        w3 = _pair(smhi >> 16, n >> 24, n, bw3, False)
+    return w0, w1, w2, w3, esc_base + (tot & 0xFFFF)
+
+
+@triton.jit
+def raw_pair_words(ptr, r0, vlen, TS: tl.constexpr, D: tl.constexpr):
+    """Rows [r0, r0+TS) of an uncompressed BF16 [*, D] block at ``ptr`` (int16 pointer) as the same 4
+    uint32 ``[TS, G]`` pair words the decoder produces (one 16-byte load per group); rows >= vlen -> 0."""
+    G: tl.constexpr = D // 8
+    t = tl.arange(0, TS)[:, None, None]
+    g = tl.arange(0, G)[None, :, None]
+    m = tl.arange(0, 4)[None, None, :]
+    w = tl.load(ptr.to(tl.pointer_type(tl.uint32)) + (r0 + t) * (D // 2) + g * 4 + m, mask=r0 + t < vlen, other=0)
+    a, b = tl.split(tl.reshape(w, [TS, G, 2, 2]))  # a: m in {0, 2}, b: m in {1, 3}
+    w0, w2 = tl.split(a)
+    w1, w3 = tl.split(b)
+    return w0, w1, w2, w3
+
+
+@triton.jit
+def pairs_to_tile(w0, w1, w2, w3, TS: tl.constexpr, D: tl.constexpr):
+    """4 uint32 pair words ``[TS, G]`` -> int16 ``[TS, D]`` (value 2m+p of group g at column 8g+2m+p).
+    Joins only append register-resident axes: no data moves between threads."""
+    l0 = w0.to(tl.int16)  # low half (truncation)
+    l1 = w1.to(tl.int16)
+    l2 = w2.to(tl.int16)
+    l3 = w3.to(tl.int16)
+    h0 = (w0 >> 16).to(tl.int16)
+    h1 = (w1 >> 16).to(tl.int16)
+    h2 = (w2 >> 16).to(tl.int16)
+    h3 = (w3 >> 16).to(tl.int16)
+    # axes appended in order x (m >> 1), y (m & 1), z (p): column = 8g + 4x + 2y + z = 8g + 2m + p
+    lo = tl.join(tl.join(l0, l2), tl.join(l1, l3))
+    hi = tl.join(tl.join(h0, h2), tl.join(h1, h3))
+    return tl.reshape(tl.join(lo, hi), [TS, D])

@@ -59,45 +59,45 @@ import triton.language as tl
 
 from gaac_hf.format import BlockGeometry
 
-from ._tile import INTERPRET, decode_rows_fast, tile_index
+from ._tile import INTERPRET, base_pair_words, decode_rows_pairs, pairs_to_tile, raw_pair_words
 from .encode import _check_geometry, encode_blocks_triton
 
 NEG = tl.constexpr(-1.0e30)  # finite "minus infinity": fully masked rows stay NaN-free
 
 
 @triton.jit
-def _load_tile(
-    SLOTS, RAW, TAIL, e, is_blk, vlen, tail_off, r0, esc_base, b8s, b16s,
+def _tile_bits(
+    SLOTS, RAW, TAIL, e, is_blk, vlen, tail_off, r0, esc_base, a0, a1, a2, a3, c0, c1, c2, c3,
     SLOT_BYTES: tl.constexpr, LO2_OFF: tl.constexpr, HI1_OFF: tl.constexpr, TAG_OFF: tl.constexpr,
     ESC_OFF: tl.constexpr, TS: tl.constexpr, T: tl.constexpr, D: tl.constexpr, KV_MODE: tl.constexpr,
 ):
-    """Bits of rows [r0, r0+TS) of one K or V block as int16 ``[TS, D]``, from a slot (e >= 0), a raw
-    block (e < 0) or the tail; plus the escape offset after these rows (slots only)."""
+    """Bits of rows [r0, r0+TS) of one K or V block as int16 ``[TS, D]`` -- decoded from a slot
+    (e >= 0), or loaded from a raw block (e < 0) or the tail -- plus the escape offset after these
+    rows. Both sources produce the same 4 pair words per group, so everything after (the join into
+    the tile, the dot) is one code path: the root of GAAC == BF16 bit identity."""
     if KV_MODE == 0:
         if e >= 0:
-            bits32, esc_next = decode_rows_fast(
-                SLOTS + e.to(tl.int64) * SLOT_BYTES, r0, esc_base, b8s, b16s, LO2_OFF, HI1_OFF, TAG_OFF, ESC_OFF, TS, D
-            )
-            bits = bits32.to(tl.int16)
+            w0, w1, w2, w3, esc_next = decode_rows_pairs(
+                SLOTS + e.to(tl.int64) * SLOT_BYTES, r0, esc_base, a0, a1, a2, a3, c0, c1, c2, c3,
+                LO2_OFF, HI1_OFF, TAG_OFF, ESC_OFF, TS, D)
         else:
-            bits = _load_raw(RAW, TAIL, e, is_blk, vlen, tail_off, r0, TS, T, D)
+            w0, w1, w2, w3 = _raw_words(RAW, TAIL, e, is_blk, vlen, tail_off, r0, TS, T, D)
             esc_next = esc_base
     else:
-        bits = _load_raw(RAW, TAIL, e, is_blk, vlen, tail_off, r0, TS, T, D)
+        w0, w1, w2, w3 = _raw_words(RAW, TAIL, e, is_blk, vlen, tail_off, r0, TS, T, D)
         esc_next = esc_base
-    return tl.reshape(bits, [TS, D]), esc_next
+    return pairs_to_tile(w0, w1, w2, w3, TS, D), esc_next
 
 
 @triton.jit
-def _load_raw(RAW, TAIL, e, is_blk, vlen, tail_off, r0, TS: tl.constexpr, T: tl.constexpr, D: tl.constexpr):
-    """int16 ``[TS, Q, 4, 8]`` bits of rows [r0, r0+TS) of a raw block (row ``-1-e`` of the raw pool)
-    or of the tail; rows >= vlen read as 0 (they are masked out of the softmax)."""
-    grp, elem, chan, t, q, i, j = tile_index(TS, D)
+def _raw_words(RAW, TAIL, e, is_blk, vlen, tail_off, r0, TS: tl.constexpr, T: tl.constexpr, D: tl.constexpr):
+    """Pair words of rows [r0, r0+TS) of a raw block (row ``-1-e`` of the raw pool) or of the tail;
+    rows >= vlen read as 0 (they are masked out of the softmax)."""
     if is_blk:
         ptr = RAW + (-1 - e).to(tl.int64) * (T * D)
     else:
         ptr = TAIL + tail_off
-    return tl.load(ptr + r0 * D + elem, mask=t + r0 < vlen, other=0)
+    return raw_pair_words(ptr, r0, vlen, TS, D)
 
 
 @triton.jit
@@ -148,18 +148,14 @@ def _attn_split_kernel(
     qbits = tl.load(Qb + qrow[:, None] * D + d[None, :], mask=(r < GQ)[:, None], other=0)
     qm = _as_dot_operand(qbits, FP32_DOT)
 
-    if KV_MODE == 0:
-        _, _, chan, _, _, _, _ = tile_index(TS, D)
-        # bases pre-shifted into the exponent field, once per program
-        kb8 = tl.load(KB8 + h * D + chan).to(tl.int32) << 7
-        kb16 = tl.load(KB16 + h * D + chan).to(tl.int32) << 7
-        vb8 = tl.load(VB8 + h * D + chan).to(tl.int32) << 7
-        vb16 = tl.load(VB16 + h * D + chan).to(tl.int32) << 7
+    if KV_MODE == 0:  # per-channel bases as BF16-pair exponent words, once per program
+        ka0, ka1, ka2, ka3 = base_pair_words(KB8, h, D)
+        kc0, kc1, kc2, kc3 = base_pair_words(KB16, h, D)
+        va0, va1, va2, va3 = base_pair_words(VB8, h, D)
+        vc0, vc1, vc2, vc3 = base_pair_words(VB16, h, D)
     else:
-        kb8 = 0
-        kb16 = 0
-        vb8 = 0
-        vb16 = 0
+        ka0, ka1, ka2, ka3, kc0, kc1, kc2, kc3 = 0, 0, 0, 0, 0, 0, 0, 0
+        va0, va1, va2, va3, vc0, vc1, vc2, vc3 = 0, 0, 0, 0, 0, 0, 0, 0
 
     nb = tl.load(NUM_BLOCKS + b)
     tlen = tl.load(TAIL_LEN + b)
@@ -185,7 +181,8 @@ def _attn_split_kernel(
         vesc = tl.full([], 0, tl.int32)
         for sub in tl.static_range(T // TS):  # sub-tiles keep registers small; escapes carried
             r0 = sub * TS
-            kt, kesc = _load_tile(K_SLOTS, K_RAW, K_TAIL, ek, is_blk, vlen, tail_off, r0, kesc, kb8, kb16,
+            kt, kesc = _tile_bits(K_SLOTS, K_RAW, K_TAIL, ek, is_blk, vlen, tail_off, r0, kesc,
+                                  ka0, ka1, ka2, ka3, kc0, kc1, kc2, kc3,
                                   SLOT_BYTES, LO2_OFF, HI1_OFF, TAG_OFF, ESC_OFF, TS, T, D, KV_MODE)
             s = tl.dot(qm, tl.trans(_as_dot_operand(kt, FP32_DOT))) * scale_log2  # [QP, TS]
             valid = tok + r0 < vlen
@@ -196,7 +193,8 @@ def _attn_split_kernel(
             alpha = tl.exp2(m_i - m_new)
             p = tl.where(valid[None, :], tl.exp2(s - m_new[:, None]), 0.0)
             l_i = l_i * alpha + tl.sum(p, 1)
-            vt, vesc = _load_tile(V_SLOTS, V_RAW, V_TAIL, ev, is_blk, vlen, tail_off, r0, vesc, vb8, vb16,
+            vt, vesc = _tile_bits(V_SLOTS, V_RAW, V_TAIL, ev, is_blk, vlen, tail_off, r0, vesc,
+                                  va0, va1, va2, va3, vc0, vc1, vc2, vc3,
                                   SLOT_BYTES, LO2_OFF, HI1_OFF, TAG_OFF, ESC_OFF, TS, T, D, KV_MODE)
             if FP32_DOT:
                 pv = tl.dot(p, _as_dot_operand(vt, FP32_DOT))

@@ -15,7 +15,7 @@ import triton.language as tl
 
 from gaac_hf.format import BlockGeometry
 
-from ._tile import decode_block_bits, decode_rows_fast, tile_index
+from ._tile import base_pair_words, decode_block_bits, decode_rows_pairs, pairs_to_tile, tile_index
 from .encode import _bases, _check_geometry
 
 
@@ -38,16 +38,20 @@ def _decode_kernel(
     TS: tl.constexpr,
 ):
     n = tl.program_id(0).to(tl.int64)
-    grp, elem, chan, t, q, i, j = tile_index(TS, D)
-    b8 = tl.load(B8 + n * base_stride + chan).to(tl.int32)
-    b16 = tl.load(B16 + n * base_stride + chan).to(tl.int32)
-    if FAST:  # attention's decoder, whole block in sub-tiles of TS rows
+    if FAST:  # attention's pair decoder, whole block in sub-tiles of TS rows
+        a0, a1, a2, a3 = base_pair_words(B8 + n * base_stride, 0, D)
+        c0, c1, c2, c3 = base_pair_words(B16 + n * base_stride, 0, D)
         esc = tl.full([], 0, tl.int32)
+        r = tl.arange(0, TS)[:, None]
+        c = tl.arange(0, D)[None, :]
         for sub in tl.static_range(T // TS):
-            bits, esc = decode_rows_fast(SLOTS + n * SLOT_BYTES, sub * TS, esc, b8 << 7, b16 << 7,
-                                         LO2_OFF, HI1_OFF, TAG_OFF, ESC_OFF, TS, D)
-            tl.store(OUT + n * (T * D) + sub * TS * D + elem, bits.to(tl.int16))
+            w0, w1, w2, w3, esc = decode_rows_pairs(SLOTS + n * SLOT_BYTES, sub * TS, esc, a0, a1, a2, a3,
+                                                    c0, c1, c2, c3, LO2_OFF, HI1_OFF, TAG_OFF, ESC_OFF, TS, D)
+            tl.store(OUT + n * (T * D) + (sub * TS + r) * D + c, pairs_to_tile(w0, w1, w2, w3, TS, D))
     else:
+        grp, elem, chan, t, q, i, j = tile_index(T, D)
+        b8 = tl.load(B8 + n * base_stride + chan).to(tl.int32)
+        b16 = tl.load(B16 + n * base_stride + chan).to(tl.int32)
         bits = decode_block_bits(SLOTS + n * SLOT_BYTES, b8, b16, LO2_OFF, HI1_OFF, TAG_OFF, ESC_OFF, CAP, T, D)
         tl.store(OUT + n * (T * D) + elem, bits.to(tl.int16))
 
@@ -64,7 +68,7 @@ def decode_blocks_triton(
 ) -> torch.Tensor:
     """Decode N slots to BF16 in one launch (bit-identical to ``codec.decode_blocks``).
 
-    ``fast=True`` uses the fused attention's decoder (``_tile.decode_rows_fast``, sub-tiles of
+    ``fast=True`` uses the fused attention's decoder (``_tile.decode_rows_pairs``, sub-tiles of
     ``tile_tokens`` rows): identical bits for every slot the encoder wrote with fits == True, fewer
     ops; the default decoder also matches the reference on corrupt slots (validate=False semantics).
 
