@@ -253,7 +253,7 @@ def choose_escape_capacity(esc_per_block: torch.Tensor, geometry: BlockGeometry,
     """The escape capacity of a slot: the ``quantile`` of escape bytes per block, rounded up to 16.
 
     With the default 0.999, about one block in a thousand (or fewer) overflows its slot and is stored
-    raw on data like the calibration text: a raw block costs ~2,400 bytes more than a slot at
+    raw on data like the calibration text: a raw block costs ~2,300 bytes more than a slot at
     head_dim 64, while each 16 bytes of capacity costs 16 bytes on every block, so rare fallbacks are
     also close to the byte optimum. At least 16 (one aligned vector), at most the all-raw worst case.
     """

@@ -283,6 +283,44 @@ def test_cli_missing_text_is_a_clear_error(tmp_path):
         main(["--text", str(tmp_path / "nope.txt")])
 
 
+class CharTokenizer:
+    """Enough of a tokenizer for collect: one id per character."""
+
+    def __call__(self, text, return_tensors=None, verbose=False):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(input_ids=torch.tensor([[ord(c) % 64 for c in text]]))
+
+
+def test_sliding_window_layers_hybrid_cache():
+    """Gemma3-style hybrid cache: sliding layers hold only their last tokens; they are histogrammed
+    at their true positions and left out of mode statistics unless full_cache=True."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    from gaac_hf.calibration import calibrate
+    from gaac_hf.collect import collect_kv_stats
+
+    cfg = Gemma3TextConfig(
+        vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=64, sliding_window=32, max_position_embeddings=512,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+    )
+    torch.manual_seed(0)
+    model = Gemma3ForCausalLM(cfg).to(torch.bfloat16).eval()
+    text = "abcdefghij" * 40  # 400 tokens -> 3 contexts of 128
+    st = collect_kv_stats(model, CharTokenizer(), text, context=128, position_ranges=[(0, 64), (64, 128)], keep_tokens=128, progress=False)
+    held = st.layer_lengths[0]
+    assert held < 128 and st.layer_lengths[2] == 128
+    assert int(st.hist[0, 0, 0, 0].sum()) == 3 * held and int(st.hist[2, 0, 0, 0].sum()) == 3 * 128
+    assert int(st.range_hist[0, 0].sum()) == 0  # the sliding layer holds no position < 64
+    t = calibrate(model, CharTokenizer(), text, context=128, progress=False)
+    t.check_model(model.config)
+    per_layer = t.meta["mode_shares"]["per_layer"]
+    assert sum(per_layer[0]["K"].values()) == 0 and abs(sum(per_layer[2]["K"].values()) - 1) < 1e-5
+    full = calibrate(model, CharTokenizer(), text, context=128, progress=False, full_cache=True)
+    assert abs(sum(full.meta["mode_shares"]["per_layer"][0]["K"].values()) - 1) < 1e-5
+
+
 # ---------------------------------------------------------------------------------------------
 # the shipped table
 # ---------------------------------------------------------------------------------------------
