@@ -301,6 +301,7 @@ class GAACLayer(CacheLayerMixin):
 
         Cropping into encoded history decodes the block that becomes incomplete back into the tail.
         """
+        tokens_to_remove = int(tokens_to_remove)  # transformers 5.17's assisted decoding passes a 0-d tensor
         n = self.get_seq_length()
         if tokens_to_remove > 0:
             if not _POSITIVE_CROP_IS_LENGTH:

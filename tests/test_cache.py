@@ -126,6 +126,17 @@ def run_pair(model, table, inputs: dict, cache_kw: str = "past_key_values", **kw
     return ref, out, cache
 
 
+def prefill_both(model, table, ids: torch.Tensor):
+    """One forward over ``ids`` into a DynamicCache (sdpa) and a GAACCache (gaac): (dyn, gaac)."""
+    dyn = DynamicCache(config=model.config)
+    gaac = GAACCache(model.config, calibration=table)
+    with torch.no_grad():
+        model(ids, past_key_values=dyn)
+        with attention(model, "gaac"):
+            model(ids, past_key_values=gaac)
+    return dyn, gaac
+
+
 def assert_same_generation(ref, out) -> None:
     assert torch.equal(ref.sequences, out.sequences), (ref.sequences, out.sequences)
     assert len(ref.logits) == len(out.logits)
@@ -240,12 +251,8 @@ def test_crop_into_encoded_block_then_continue(model_tok, table, text_ids):
     model, _ = model_tok
     ids = text_ids[:, 3000:3100]  # 6 blocks + 4
     more = text_ids[:, 3200:3205]
-    dyn = DynamicCache(config=model.config)
-    gaac = GAACCache(model.config, calibration=table)
+    dyn, gaac = prefill_both(model, table, ids)
     with torch.no_grad():
-        model(ids, past_key_values=dyn)
-        with attention(model, "gaac"):
-            model(ids, past_key_values=gaac)
         dyn.crop(-14)  # 86 tokens: block 5 (80..95) was encoded, now 6 tokens of it go back to the tail
         gaac.crop(-14)
         layer = gaac.layers[3]
@@ -256,8 +263,6 @@ def test_crop_into_encoded_block_then_continue(model_tok, table, text_ids):
         with attention(model, "gaac"):
             out = model(more, past_key_values=gaac).logits
     assert same_bits(ref, out)
-    with pytest.raises(ValueError) if gaac_hf.cache._POSITIVE_CROP_IS_LENGTH is False else contextlib.nullcontext():
-        gaac.crop(50)
 
 
 def test_non_gaac_attention_gets_full_kv(model_tok, table, text_ids):
@@ -292,12 +297,7 @@ def test_stored_blocks_decode_to_dynamic_cache_bits(model_tok, table, text_ids):
     pool), has the exact bits of DynamicCache's K/V."""
     model, _ = model_tok
     ids = text_ids[:, 5000:5150]
-    dyn = DynamicCache(config=model.config)
-    gaac = GAACCache(model.config, calibration=table)
-    with torch.no_grad():
-        model(ids, past_key_values=dyn)
-        with attention(model, "gaac"):
-            model(ids, past_key_values=gaac)
+    dyn, gaac = prefill_both(model, table, ids)
     g = gaac.geometry
     nb = 150 // BLOCK
     raw_seen = 0
@@ -392,11 +392,20 @@ def test_reorder_select_repeat_match_dynamic_cache(model_tok, table):
 
 
 def test_crop_positive_and_to_zero(model_tok, table):
+    """Negative crop everywhere; positive crop = "keep n tokens" before transformers 5.18, an error after."""
     model, _ = model_tok
     cache, dyn = _filled(table, model, rows=2, tokens=70)
-    cache.crop(-40)
-    dyn.crop(-40)
+    cache.crop(-9)  # 61 = 3 blocks + 13: block 3 goes back to the tail
+    dyn.layers[0].crop(-9)
     _assert_layer0_equal(cache, dyn)
+    if gaac_hf.cache._POSITIVE_CROP_IS_LENGTH:
+        cache.crop(30)
+        dyn.layers[0].crop(30)
+        _assert_layer0_equal(cache, dyn)
+    else:
+        with pytest.raises(ValueError, match="positive"):
+            cache.crop(30)
+        cache.crop(-31)
     assert cache.get_seq_length() == 30
     cache.crop(-100)
     assert cache.get_seq_length() == 0
