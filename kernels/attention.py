@@ -268,7 +268,7 @@ def _as_i16(t: torch.Tensor) -> torch.Tensor:
 
 def _launch(
     q, k_slots, v_slots, k_raw, v_raw, k_table, v_table, k_tail, v_tail, num_blocks, tail_len,
-    bases, geometry: BlockGeometry, scale, kv_start, num_splits, out, kv_mode, num_warps, num_stages, tile_tokens=32,
+    bases, geometry: BlockGeometry, scale, kv_start, num_splits, out, kv_mode, num_warps, num_stages, tile_tokens=32, maxnreg=None,
 ):
     B, HQ, D = q.shape
     _, HKV, MAXB = k_table.shape
@@ -304,6 +304,7 @@ def _launch(
         HKV=HKV, GQ=GQ, QP=QP, SLOT_BYTES=g.slot_bytes, LO2_OFF=g.lo2_offset, HI1_OFF=g.hi1_offset,
         TAG_OFF=g.tag_offset, ESC_OFF=g.esc_offset, T=T, D=D, KV_MODE=kv_mode,
         HAS_START=has_start, FP32_DOT=INTERPRET, TS=min(tile_tokens, T), num_warps=num_warps, num_stages=num_stages,
+        **({} if maxnreg is None or INTERPRET else {"maxnreg": maxnreg}),
     )
     global LAST_KERNEL
     LAST_KERNEL = kern
@@ -338,6 +339,7 @@ def gaac_decode_attention(
     num_warps: int = 4,
     num_stages: int = 1,
     tile_tokens: int = 32,
+    maxnreg: int | None = None,
 ) -> torch.Tensor:
     """Decode attention of one new token per sequence over a GAAC paged cache (see module docstring).
 
@@ -363,7 +365,7 @@ def gaac_decode_attention(
         if bb.dtype != torch.uint8 or bb.shape != (k_table.shape[1], geometry.head_dim):
             raise ValueError(f"bases must be uint8 [Hkv, D], got {bb.dtype} {tuple(bb.shape)}")
     return _launch(q, k_slots, v_slots, k_raw, v_raw, k_table, v_table, k_tail, v_tail, num_blocks,
-                   tail_len, bases, geometry, scale, kv_start, num_splits, out, 0, num_warps, num_stages, tile_tokens)
+                   tail_len, bases, geometry, scale, kv_start, num_splits, out, 0, num_warps, num_stages, tile_tokens, maxnreg)
 
 
 def bf16_decode_attention(
@@ -386,6 +388,7 @@ def bf16_decode_attention(
     num_stages: int = 1,
     same_path: bool = False,
     tile_tokens: int = 32,
+    maxnreg: int | None = None,
 ) -> torch.Tensor:
     """BF16 baseline: the same kernel over an uncompressed paged cache (all table entries < 0).
 
@@ -398,7 +401,7 @@ def bf16_decode_attention(
     zb = torch.zeros(hkv, d, dtype=torch.uint8, device=q.device)
     return _launch(q, dummy_slots, dummy_slots, k_raw, v_raw, k_table, v_table, k_tail, v_tail, num_blocks,
                    tail_len, (zb, zb, zb, zb), geometry, scale, kv_start, num_splits, out,
-                   0 if same_path else 1, num_warps, num_stages, tile_tokens)
+                   0 if same_path else 1, num_warps, num_stages, tile_tokens, maxnreg)
 
 
 # ---------------------------------------------------------------------------------------------
