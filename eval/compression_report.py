@@ -204,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calib-text", default=str(CALIB_TEXT))
     ap.add_argument("--eval-text", default=str(EVAL_TEXT))
     ap.add_argument("--context", type=int, default=8192, help="tokens per sequence (calibration and evaluation)")
+    ap.add_argument("--calib-context", type=int, default=None, help="calibration context if not --context (to measure RoPE drift)")
     ap.add_argument("--calib-max-tokens", type=int, default=32768)
     ap.add_argument("--eval-max-tokens", type=int, default=32768)
     ap.add_argument("--block-size", type=int, default=64)
@@ -226,9 +227,10 @@ def main(argv: list[str] | None = None) -> int:
     axes = args.axes.split(",")
     ranges = default_position_ranges(args.context)
 
+    calib_context = args.calib_context or args.context
     calib_text = Path(args.calib_text).read_text(encoding="utf-8")
     stats = collect_kv_stats(
-        model, tok, calib_text, context=args.context, max_tokens=args.calib_max_tokens, position_ranges=ranges,
+        model, tok, calib_text, context=calib_context, max_tokens=args.calib_max_tokens, position_ranges=default_position_ranges(calib_context),
         keep_tokens=args.calib_max_tokens, block_size=args.block_size, full_cache=args.full_cache,
     )
     calib_name = f"{Path(args.calib_text).parent.name}/{Path(args.calib_text).name}"
@@ -294,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         "by_position": det["by_position"],
         "calibration": {
             "text": tables[axes[0]].meta.get("text"),
-            "context": args.context,
+            "context": calib_context,
             "tokens": tables[axes[0]].meta.get("tokens"),
             "fingerprint": tables[axes[0]].meta.get("fingerprint"),
             "escape_capacity": {a: tables[a].meta.get("escape_capacity") for a in axes},
