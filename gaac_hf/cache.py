@@ -213,6 +213,17 @@ class GAACLayer(CacheLayerMixin):
                 "gaac_hf's (config._attn_implementation was a GAAC name?). Pass return_full_kv=True to GAACCache "
                 "for attention functions other than gaac_hf.attention.gaac_attention_forward."
             )
+        self.append(key_states, value_states)
+        if self._wants_full_kv():
+            return self.full_kv()
+        # A fresh view object per call, so the attribute never leaks to another step's tensor.
+        k, v = self.tails[_K][:, :, : self.tail_len], self.tails[_V][:, :, : self.tail_len]
+        k._gaac_layer = v._gaac_layer = self
+        self._awaiting_attention = True
+        return k, v
+
+    def append(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Store ``[B, H, q, D]`` bf16 keys/values: tail first, complete blocks encoded once."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         if key_states.dtype != torch.bfloat16 or value_states.dtype != torch.bfloat16:
@@ -238,13 +249,6 @@ class GAACLayer(CacheLayerMixin):
                 self.tails[kind][:, :, :rem].copy_(seq[:, :, nfull * t :])
             self.num_blocks += nfull
             self.tail_len = rem
-        if self._wants_full_kv():
-            return self.full_kv()
-        # A fresh view object per call, so the attribute never leaks to another step's tensor.
-        k, v = self.tails[_K][:, :, : self.tail_len], self.tails[_V][:, :, : self.tail_len]
-        k._gaac_layer = v._gaac_layer = self
-        self._awaiting_attention = True
-        return k, v
 
     def _wants_full_kv(self) -> bool:
         if self._return_full_kv is not None:
@@ -473,6 +477,23 @@ class GAACCache(Cache):
         if not any(isinstance(layer, GAACLayer) for layer in layers):
             raise ValueError("this model has no full-attention layers: GAACCache would compress nothing")
         super().__init__(layers=layers)
+
+    @classmethod
+    def from_dynamic_cache(cls, cache: Cache, config, calibration=None, **kwargs) -> "GAACCache":
+        """Compress a filled transformers cache (e.g. after a prefill with another attention).
+
+        Full-attention layers are encoded into GAAC layers; the other (sliding-window, linear...)
+        layer objects of ``cache`` are taken over as they are. ``kwargs`` go to the constructor.
+        """
+        new = cls(config, calibration, **kwargs)
+        if len(cache.layers) != len(new.layers):
+            raise ValueError(f"cache has {len(cache.layers)} layers, the model {len(new.layers)}")
+        for i, (src, dst) in enumerate(zip(cache.layers, new.layers)):
+            if not isinstance(dst, GAACLayer):
+                new.layers[i] = src
+            elif getattr(src, "keys", None) is not None and src.keys.numel():
+                dst.append(src.keys, src.values)
+        return new
 
     def stats(self, per_layer: bool = False) -> dict:
         """Resident KV bytes against a BF16 cache, compression ratio and mode shares.

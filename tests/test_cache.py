@@ -13,6 +13,7 @@ import contextlib
 import copy
 import inspect
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -391,6 +392,14 @@ def test_reorder_select_repeat_match_dynamic_cache(model_tok, table):
         assert pool.n_slots + pool.n_raw == torch.unique(live).numel()
 
 
+def test_from_dynamic_cache(model_tok, table):
+    model, _ = model_tok
+    _, dyn = _filled(table, model, rows=2, tokens=50)
+    cache = GAACCache.from_dynamic_cache(dyn, model.config, table)
+    _assert_layer0_equal(cache, dyn)
+    assert cache.layers[0].num_blocks == 3 and cache.layers[1].get_seq_length() == 0
+
+
 def test_crop_positive_and_to_zero(model_tok, table):
     """Negative crop everywhere; positive crop = "keep n tokens" before transformers 5.18, an error after."""
     model, _ = model_tok
@@ -472,3 +481,27 @@ def test_mask_shape_mismatch_is_an_error(model_tok, table):
         gaac_attention_forward(attn, q, k, v, bad, scaling=0.125)
     out, _ = gaac_attention_forward(attn, q, k, v, torch.ones(1, 1, 1, 20, dtype=torch.bool), scaling=0.125)
     assert out.shape == (1, 1, 9, 64)
+
+
+def test_hybrid_sliding_window_model_keeps_stock_sliding_layers():
+    """Gemma3-style hybrid (random tiny weights): sliding layers stay stock DynamicSlidingWindowLayer,
+    full layers are GAAC; generation with left padding past the window is bit-identical."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+    from transformers.cache_utils import DynamicSlidingWindowLayer
+
+    gaac_hf.register()
+    cfg = Gemma3TextConfig(vocab_size=128, hidden_size=64, intermediate_size=64, num_hidden_layers=4,
+                           num_attention_heads=2, num_key_value_heads=1, head_dim=64, sliding_window=24,
+                           layer_types=["sliding_attention", "full_attention"] * 2, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    model = Gemma3ForCausalLM(cfg).to(torch.bfloat16).eval()
+    table = kv_table(model, torch.randint(0, 128, (1, 20)), BlockGeometry(BLOCK, 64, 0), name="tiny-gemma3")
+    ids = torch.randint(0, 128, (2, 60))
+    mask = torch.ones_like(ids)
+    mask[1, :9] = 0
+    ref, out, cache = run_pair(model, table, {"input_ids": ids, "attention_mask": mask},
+                               **gen_kwargs(SimpleNamespace(pad_token_id=0), max_new_tokens=12))
+    assert_same_generation(ref, out)
+    kinds = [type(layer) for layer in cache.layers]
+    assert kinds == [DynamicSlidingWindowLayer, GAACLayer] * 2
+    assert cache.get_seq_length() == 71 and cache.stats()["stock_layer_bytes"] > 0
