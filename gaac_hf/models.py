@@ -39,28 +39,7 @@ def smollm2_dir() -> Path:
     out = cache_root() / "smollm2-135m-instruct"
     if (out / "model.safetensors").is_file() and (out / "config.json").is_file():
         return out
-    from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    d, f = smollm2_gguf()
-    tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
-    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.bfloat16)
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    tmp.mkdir(parents=True, exist_ok=True)
-    sd = {k: v.contiguous() for k, v in model.state_dict().items()}
-    if getattr(model.config, "tie_word_embeddings", False):
-        sd.pop("lm_head.weight", None)
-    save_file(sd, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.config.save_pretrained(tmp)
-    model.generation_config.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    try:
-        tmp.rename(out)
-    except OSError:  # another process won the race; use its copy
-        pass
-    return out
+    return _gguf_to_folder(*smollm2_gguf(), out)
 
 
 def load_smollm2(dtype: torch.dtype = torch.bfloat16, attn_implementation: str = "sdpa", device: str = "cpu"):
