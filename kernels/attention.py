@@ -24,8 +24,15 @@ or overflow independently. Pools may be shared by all layers (indices are global
 
     out = gaac_decode_attention(q, k_slots, v_slots, k_raw, v_raw, k_table, v_table, k_tail, v_tail,
                                 num_blocks, tail_len, k_base8, k_base16, v_base8, v_base16, geometry,
-                                scale=None, kv_start=None, num_splits=None, out=None)
+                                scale=None, kv_start=None, num_splits=None, active_blocks=None, out=None)
     q: bf16 [B, Hq, D] (Hq % Hkv == 0, query head h uses kv head h // (Hq // Hkv))  -> out bf16 [B, Hq, D]
+
+``active_blocks`` (host int, optional): an upper bound on ``num_blocks`` used only to size the split
+grid. Default: the table's capacity ``max_blocks``, which keeps the launch shape fixed (CUDA graphs)
+but, for a table much larger than the current context, leaves most splits empty; eager callers that
+know the current block count pass it for better parallelism. Pools need not have rows in use: a pool
+row is only read when the table points at it. Slots must be ones the encoder wrote with fits == True
+(the attention decoder assumes no reserved tags and no escape overrun).
 
 ``bf16_decode_attention(q, k_raw, v_raw, k_table, v_table, k_tail, v_tail, num_blocks, tail_len, ...)``
 is the same kernel compiled without the compressed path (every table entry must be negative): the BF16
@@ -42,12 +49,20 @@ padded to 16 rows for ``tl.dot``. Online softmax in base 2; each split writes (o
 small kernel merges the splits by LSE and rounds to BF16 (round-to-nearest-even done with integer ops,
 so CPU interpreter and GPU agree).
 
-Bit identity GAAC vs BF16: for every block the kernel produces the tile's 16-bit patterns in an int16
-register tile (decoded from a slot, or loaded from raw/tail), and one shared code path after that
-feeds ``tl.dot``. Since decode is bit-exact, GAAC's output equals the same kernel on the raw cache.
-The baseline is compiled with KV_MODE=1 (no compressed branch); on the GPU the test checks bits of
-both, and ``bf16_decode_attention(..., same_path=True)`` runs the mixed kernel on an all-raw table,
-which is identical by construction.
+Decoding (``_tile.decode_rows_pairs``): a thread owns whole groups of 8 values; per group it loads the
+8 sign|mantissa bytes (one 8-byte load), the lo2/hi1/tag words and its escape byte, spreads the code
+planes into one nibble per value, and then builds the values two at a time in 32-bit words (a BF16
+pair per op). Tiles are sub-blocks of ``tile_tokens`` rows; the escape offset (a prefix sum of the
+groups' escape counts, the format stores none) is carried from sub-tile to sub-tile.
+
+Bit identity GAAC vs BF16: a raw block or the tail is loaded as the same four 32-bit pair words per
+group that the decoder produces, and everything after (the join into the ``[TS, D]`` tile, the dot,
+the softmax) is one code path. Since decoding is bit-exact, GAAC's output has the same bits as the same
+kernel over the raw cache: ``bf16_decode_attention`` (compiled without the compressed branch, KV_MODE=1)
+at the same ``num_warps``/``num_splits``/``tile_tokens`` -- checked on the H200 for 45 benchmark cases
+and in ``tests/test_kernels_attention.py`` -- and ``bf16_decode_attention(..., same_path=True)``, the
+mixed kernel itself on an all-raw table (identical by construction). Different tile sizes or split
+counts change the accumulation order, so bit identity is a per-config statement.
 """
 from __future__ import annotations
 
@@ -268,7 +283,7 @@ def _as_i16(t: torch.Tensor) -> torch.Tensor:
 
 def _launch(
     q, k_slots, v_slots, k_raw, v_raw, k_table, v_table, k_tail, v_tail, num_blocks, tail_len,
-    bases, geometry: BlockGeometry, scale, kv_start, num_splits, out, kv_mode, num_warps, num_stages, tile_tokens=32, maxnreg=None,
+    bases, geometry: BlockGeometry, scale, kv_start, num_splits, out, kv_mode, num_warps, num_stages, tile_tokens=32, maxnreg=None, active_blocks=None,
 ):
     B, HQ, D = q.shape
     _, HKV, MAXB = k_table.shape
@@ -287,8 +302,9 @@ def _launch(
     QP = max(16, triton.next_power_of_2(GQ))
     if scale is None:
         scale = 1.0 / math.sqrt(D)
-    S = num_splits or default_num_splits(B, HKV, MAXB, q.device)
-    BPS = (MAXB + 1 + S - 1) // S
+    NB = MAXB if active_blocks is None else min(MAXB, int(active_blocks))  # must be >= max(num_blocks)
+    S = num_splits or default_num_splits(B, HKV, NB, q.device)
+    BPS = (NB + 1 + S - 1) // S  # splits cover blocks [0, NB] (block NB of a full sequence = its tail)
     part_o = torch.empty(B, HQ, S, D, dtype=torch.float32, device=q.device)
     part_l = torch.empty(B, HQ, S, dtype=torch.float32, device=q.device)
     if out is None:
@@ -340,6 +356,7 @@ def gaac_decode_attention(
     num_stages: int = 1,
     tile_tokens: int = 32,
     maxnreg: int | None = None,
+    active_blocks: int | None = None,
 ) -> torch.Tensor:
     """Decode attention of one new token per sequence over a GAAC paged cache (see module docstring).
 
@@ -354,8 +371,10 @@ def gaac_decode_attention(
         geometry: block format (group_axis "channel").
         scale: softmax scale (default 1/sqrt(D)).
         kv_start: optional int32 ``[B]``: positions < kv_start[b] are masked (left padding).
-        num_splits: context splits per (seq, kv-head); default fills the GPU.
+        num_splits: context splits per (seq, kv-head); default ~4 programs per SM.
+        active_blocks: optional host upper bound on num_blocks, to size the default split count.
         out: optional bf16 ``[B, Hq, D]``.
+        num_warps, num_stages, tile_tokens, maxnreg: kernel config (H200 best: 4, 1, 32, None).
     Returns:
         bf16 ``[B, Hq, D]``.
     """
@@ -365,7 +384,8 @@ def gaac_decode_attention(
         if bb.dtype != torch.uint8 or bb.shape != (k_table.shape[1], geometry.head_dim):
             raise ValueError(f"bases must be uint8 [Hkv, D], got {bb.dtype} {tuple(bb.shape)}")
     return _launch(q, k_slots, v_slots, k_raw, v_raw, k_table, v_table, k_tail, v_tail, num_blocks,
-                   tail_len, bases, geometry, scale, kv_start, num_splits, out, 0, num_warps, num_stages, tile_tokens, maxnreg)
+                   tail_len, bases, geometry, scale, kv_start, num_splits, out, 0, num_warps, num_stages, tile_tokens, maxnreg,
+                   active_blocks)
 
 
 def bf16_decode_attention(

@@ -103,6 +103,12 @@ def test_splits_do_not_change_the_function():
     ref = attention_reference(q, k, v, lens)
     for s in (1, 2, 5, 11):  # 11 splits > blocks: empty splits must merge as nothing
         assert _rel(_gaac(geom, q, bases, pk, pv, num_splits=s), ref) < 1e-2
+    # a table with spare capacity (as the cache preallocates), split grid sized by active_blocks
+    for key in ("table",):
+        for p in (pk, pv):
+            p[key] = torch.cat([p[key], torch.full_like(p[key], 12345)], -1).contiguous()  # garbage past num_blocks
+    assert _rel(_gaac(geom, q, bases, pk, pv, num_splits=3, active_blocks=150 // 16), ref) < 1e-2
+    assert _rel(_gaac(geom, q, bases, pk, pv, num_splits=3), ref) < 1e-2
 
 
 def test_corrupt_slot_is_detected_by_bit_identity():
