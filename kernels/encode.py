@@ -30,6 +30,7 @@ def _encode_kernel(
     SLOTS,  # *uint8 [N, SLOT_BYTES]
     ESC_LEN,  # *int32 [N]
     FITS,  # *int8 [N]
+    TAGS,  # *int32 [N, T, D/8] (written only when WRITE_TAGS)
     base_stride,  # 0 when one base vector serves all blocks, else D
     SLOT_BYTES: tl.constexpr,
     LO2_OFF: tl.constexpr,
@@ -40,6 +41,7 @@ def _encode_kernel(
     CAP_P2: tl.constexpr,  # next power of two >= CAP (>= 16), for the zero fill
     T: tl.constexpr,
     D: tl.constexpr,
+    WRITE_TAGS: tl.constexpr,
 ):
     Q: tl.constexpr = D // 32
     n = tl.program_id(0).to(tl.int64)
@@ -66,6 +68,8 @@ def _encode_kernel(
     tl.store((slot + LO2_OFF).to(tl.pointer_type(tl.uint16)) + grp, lo2.to(tl.uint16))
     hi1 = tl.sum((code >> 2) << j, axis=3, keep_dims=True)
     tl.store(slot + HI1_OFF + grp, hi1.to(tl.uint8))
+    if WRITE_TAGS:  # per-group modes for statistics (the reference's EncodedBlocks.tags)
+        tl.store(TAGS + n * (T * (D // 8)) + grp, tag)
     tagb = tl.sum(tag << (2 * i), axis=2, keep_dims=True)  # [T, Q, 1, 1]
     tl.store(slot + TAG_OFF + t * Q + q, tagb.to(tl.uint8))
 
@@ -115,6 +119,7 @@ def encode_blocks_triton(
     geometry: BlockGeometry,
     *,
     slots: torch.Tensor | None = None,
+    with_tags: bool = False,
 ) -> EncodedBlocks:
     """Encode N BF16 blocks into slots in one launch (byte-identical to ``codec.encode_blocks``).
 
@@ -124,9 +129,10 @@ def encode_blocks_triton(
         geometry: the block format (group_axis must be "channel").
         slots: optional preallocated uint8 ``[N, slot_bytes]`` to write into (e.g. rows of a slot
             pool); every byte of each row is written.
+        with_tags: also write the per-group modes (int32 ``[N, T, D/8]``, as the reference's
+            ``tags``) for mode statistics; +25% bytes written, so off by default (tags=None).
     Returns:
-        ``EncodedBlocks(slots [N, slot_bytes] uint8, escape_len [N] int32, fits [N] bool, tags=None)``.
-        Per-group tags are not materialized by the kernel (statistics come from the reference).
+        ``EncodedBlocks(slots [N, slot_bytes] uint8, escape_len [N] int32, fits [N] bool, tags)``.
     """
     _check_geometry(geometry)
     if x.dtype != torch.bfloat16 or x.dim() != 3 or x.shape[1:] != (geometry.block_size, geometry.head_dim):
@@ -145,12 +151,13 @@ def encode_blocks_triton(
         raise ValueError(f"slots must be contiguous uint8 [{n}, {geometry.slot_bytes}]")
     esc_len = torch.empty(n, dtype=torch.int32, device=x.device)
     fits = torch.empty(n, dtype=torch.int8, device=x.device)
+    tags = torch.empty(n, t, d // 8, dtype=torch.int32, device=x.device) if with_tags else None
     if n:
         g = geometry
         _encode_kernel[(n,)](
-            x.contiguous().view(torch.int16), b8, b16, slots, esc_len, fits, s8,
+            x.contiguous().view(torch.int16), b8, b16, slots, esc_len, fits, tags if with_tags else esc_len, s8,
             SLOT_BYTES=g.slot_bytes, LO2_OFF=g.lo2_offset, HI1_OFF=g.hi1_offset, TAG_OFF=g.tag_offset,
             ESC_OFF=g.esc_offset, CAP=g.escape_capacity, CAP_P2=max(16, triton.next_power_of_2(g.escape_capacity)),
-            T=t, D=d, num_warps=max(4, t * d // 1024),
+            T=t, D=d, WRITE_TAGS=with_tags, num_warps=max(4, t * d // 1024),
         )
-    return EncodedBlocks(slots=slots, escape_len=esc_len, fits=fits.bool(), tags=None)
+    return EncodedBlocks(slots=slots, escape_len=esc_len, fits=fits.bool(), tags=tags)

@@ -56,7 +56,8 @@ def test_encode_matches_reference(geom, per_block_bases):
         b16 = (b16.int() + torch.randint(-2, 3, (n, geom.head_dim), generator=g)).clamp(0, 240).to(torch.uint8)
     ref = encode_blocks(x, b8, b16, geom)
     poison = torch.full((n, geom.slot_bytes), 0xA5, dtype=torch.uint8)  # every byte must be written
-    got = encode_blocks_triton(x, b8, b16, geom, slots=poison)
+    got = encode_blocks_triton(x, b8, b16, geom, slots=poison, with_tags=True)
+    assert torch.equal(got.tags, ref.tags)
     assert torch.equal(got.escape_len, ref.escape_len)
     assert torch.equal(got.fits, ref.fits)
     assert torch.equal(got.slots, ref.slots)
