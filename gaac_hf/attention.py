@@ -20,9 +20,11 @@ How compressed KV reaches attention (the deliberate mechanism, see also :mod:`ga
 
 Paths inside :func:`gaac_attention_forward`:
 
-* reference (any device, any q_len): decode every block of the layer with the reference codec, add
-  raw-fallback blocks and the tail, and call transformers' own ``sdpa_attention_forward`` with the
-  same mask and kwargs, so logits are bit-identical to ``DynamicCache`` + ``"sdpa"``.
+* reference (any device, any q_len): decode every block stored by earlier steps with the reference
+  codec, add raw-fallback blocks, the old tail and this step's new tokens (taken from update()'s
+  input rather than decoded right after being encoded: a prefill decodes nothing), and call
+  transformers' own ``sdpa_attention_forward`` with the same mask and kwargs, so logits are
+  bit-identical to ``DynamicCache`` + ``"sdpa"``.
 * fused (CUDA, q_len == 1, kernel importable): :func:`_fused_decode`, the Triton decode kernel of
   ``gaac_hf.kernels.attention`` reading slots directly. Falls back to the reference path when the
   kernel is missing or declines the call (returns None).
@@ -192,9 +194,12 @@ def gaac_attention_forward(
         )
     if attention_mask is not None and attention_mask.shape[-2] not in (1, q_len):
         raise ValueError(f"GAAC attention: mask has {attention_mask.shape[-2]} query rows for {q_len} query tokens")
-    if query.is_cuda and q_len == 1 and not (module.training and dropout):
-        out = _fused_decode(module, query, layer, attention_mask, scaling, **kwargs)
-        if out is not None:
-            return out, None
-    k, v = layer.full_kv()
-    return _sdpa()(module, query, k, v, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    try:
+        if query.is_cuda and q_len == 1 and not (module.training and dropout):
+            out = _fused_decode(module, query, layer, attention_mask, scaling, **kwargs)
+            if out is not None:
+                return out, None
+        k, v = layer.full_kv()
+        return _sdpa()(module, query, k, v, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    finally:
+        layer._recent = None  # drop this step's uncompressed input: only the compressed form stays

@@ -103,7 +103,9 @@ class _BlockPool:
         self.n_slots += n_fit
         self.n_raw += n - n_fit
         self.encoded_blocks += n
-        self.mode_counts += torch.bincount(enc.tags.reshape(-1), minlength=3)[:3]
+        # Compare-and-sum instead of bincount: CUDA bincount syncs to size its output.
+        modes = torch.arange(3, device=enc.tags.device, dtype=enc.tags.dtype)
+        self.mode_counts += (enc.tags.reshape(-1, 1) == modes).sum(0)
         return entries
 
     def gather(self, entries: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
@@ -176,6 +178,9 @@ class GAACLayer(CacheLayerMixin):
         self.num_blocks = 0
         self.tail_len = 0
         self._awaiting_attention = False
+        # (blocks before the last update, [K, V] uncompressed positions it wrote): lives only from
+        # update() to the attention call of the same step; see full().
+        self._recent: tuple[int, list[torch.Tensor]] | None = None
 
     def __repr__(self) -> str:
         return f"GAACLayer(layer={self.layer_idx}, tokens={self.get_seq_length()}, block_size={self.geometry.block_size})"
@@ -213,17 +218,24 @@ class GAACLayer(CacheLayerMixin):
                 "gaac_hf's (config._attn_implementation was a GAAC name?). Pass return_full_kv=True to GAACCache "
                 "for attention functions other than gaac_hf.attention.gaac_attention_forward."
             )
-        self.append(key_states, value_states)
+        self._recent = self.append(key_states, value_states)
         if self._wants_full_kv():
-            return self.full_kv()
+            kv = self.full_kv()
+            self._recent = None
+            return kv
         # A fresh view object per call, so the attribute never leaks to another step's tensor.
         k, v = self.tails[_K][:, :, : self.tail_len], self.tails[_V][:, :, : self.tail_len]
         k._gaac_layer = v._gaac_layer = self
         self._awaiting_attention = True
         return k, v
 
-    def append(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        """Store ``[B, H, q, D]`` bf16 keys/values: tail first, complete blocks encoded once."""
+    def append(self, key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[int, list[torch.Tensor]]:
+        """Store ``[B, H, q, D]`` bf16 keys/values: tail first, complete blocks encoded once.
+
+        Returns ``(nb0, [seq_k, seq_v])``: the block count before this call and the uncompressed
+        positions from block ``nb0`` on (old tail + new tokens, ``[B, H, tl + q, D]``), so that the
+        attention of this step does not decode blocks it has just encoded (see :meth:`full`).
+        """
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         if key_states.dtype != torch.bfloat16 or value_states.dtype != torch.bfloat16:
@@ -231,7 +243,8 @@ class GAACLayer(CacheLayerMixin):
         b, h, q, _ = key_states.shape
         if b != self.tails[_K].shape[0]:
             raise ValueError(f"GAAC layer {self.layer_idx}: batch of {b} rows but the cache holds {self.tails[_K].shape[0]}")
-        t, tl = self.geometry.block_size, self.tail_len
+        t, tl, nb0 = self.geometry.block_size, self.tail_len, self.num_blocks
+        seqs = [torch.cat([self.tails[kind][:, :, :tl], new], dim=2) for kind, new in ((_K, key_states), (_V, value_states))]
         if tl + q < t:
             for kind, new in ((_K, key_states), (_V, value_states)):
                 self.tails[kind][:, :, tl : tl + q].copy_(new)
@@ -240,8 +253,7 @@ class GAACLayer(CacheLayerMixin):
             nfull = (tl + q) // t
             rem = tl + q - nfull * t
             self._ensure_table(self.num_blocks + nfull)
-            for kind, new in ((_K, key_states), (_V, value_states)):
-                seq = torch.cat([self.tails[kind][:, :, :tl], new], dim=2)  # [B, H, tl+q, D]
+            for kind, seq in ((_K, seqs[_K]), (_V, seqs[_V])):
                 blocks = seq[:, :, : nfull * t].reshape(b * h * nfull, t, self.geometry.head_dim)
                 heads = self._heads.view(1, h, 1).expand(b, h, nfull).reshape(-1)
                 entries = self.pools[kind].append(blocks, heads)
@@ -249,6 +261,7 @@ class GAACLayer(CacheLayerMixin):
                 self.tails[kind][:, :, :rem].copy_(seq[:, :, nfull * t :])
             self.num_blocks += nfull
             self.tail_len = rem
+        return nb0, seqs
 
     def _wants_full_kv(self) -> bool:
         if self._return_full_kv is not None:
@@ -278,6 +291,7 @@ class GAACLayer(CacheLayerMixin):
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         """Beam search: rows follow ``beam_idx``; only integers and the tail move."""
+        self._recent = None
         if not self.is_initialized:
             return
         idx = beam_idx.to(self.device)
@@ -285,12 +299,14 @@ class GAACLayer(CacheLayerMixin):
         self.tails = [tl.index_select(0, idx) for tl in self.tails]
 
     def batch_repeat_interleave(self, repeats: int) -> None:
+        self._recent = None
         if not self.is_initialized:
             return
         self.tables = [tb.repeat_interleave(repeats, dim=0) for tb in self.tables]
         self.tails = [tl.repeat_interleave(repeats, dim=0) for tl in self.tails]
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._recent = None
         if not self.is_initialized:
             return
         if isinstance(indices, torch.Tensor):
@@ -306,6 +322,7 @@ class GAACLayer(CacheLayerMixin):
         Cropping into encoded history decodes the block that becomes incomplete back into the tail.
         """
         tokens_to_remove = int(tokens_to_remove)  # transformers 5.17's assisted decoding passes a 0-d tensor
+        self._recent = None
         n = self.get_seq_length()
         if tokens_to_remove > 0:
             if not _POSITIVE_CROP_IS_LENGTH:
@@ -347,9 +364,19 @@ class GAACLayer(CacheLayerMixin):
         return self.full(_K), self.full(_V)
 
     def full(self, kind: int) -> torch.Tensor:
+        """Decompressed keys (kind 0) or values (1), bf16 ``[B, H, S, D]`` contiguous.
+
+        Between update() and the attention call of the same step, the positions written by that
+        update are taken from its uncompressed input (same bits: the codec is lossless) instead of
+        being decoded right after being encoded; a prefill then decodes nothing. Every block from an
+        earlier step is decoded from its slot.
+        """
         b, h = self.tails[kind].shape[:2]
-        t, d, nb = self.geometry.block_size, self.geometry.head_dim, self.num_blocks
-        tail = self.tails[kind][:, :, : self.tail_len]
+        t, d = self.geometry.block_size, self.geometry.head_dim
+        if self._recent is not None:
+            nb, tail = self._recent[0], self._recent[1][kind]
+        else:
+            nb, tail = self.num_blocks, self.tails[kind][:, :, : self.tail_len]
         if nb == 0:
             return tail.contiguous()
         heads = self._heads.view(1, h, 1).expand(b, h, nb).reshape(-1)
