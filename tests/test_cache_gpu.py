@@ -1,0 +1,92 @@
+"""GAACCache on CUDA: the reference path stays bit-identical to DynamicCache + sdpa there too, and the
+fused Triton decode path is wired correctly (used for q_len == 1, close to SDPA, left padding).
+
+The GPU machine has no real checkpoint, so the model is SmolLM2-135M-shaped with random weights and
+its calibration table comes from its own KV (compression does not matter here, wiring does).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from test_cache import attention, kv_table, same_bits
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+
+import gaac_hf
+import gaac_hf.attention as gattn
+from gaac_hf.cache import GAACCache
+from gaac_hf.format import BlockGeometry
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+@pytest.fixture(scope="module")
+def model_table():
+    gaac_hf.register()
+    cfg = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                      num_attention_heads=9, num_key_value_heads=3, head_dim=64, rope_theta=100000.0,
+                      tie_word_embeddings=True, max_position_embeddings=8192, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
+    ids = torch.randint(100, 49000, (1, 512), device="cuda")
+    table = kv_table(model, ids, BlockGeometry(16, 64, 0), name="random-smollm2-shape")
+    return model, table.to("cpu")
+
+
+def _prompt(rows: int, length: int, seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(100, 49000, (rows, length), generator=g)
+    mask = torch.ones_like(ids)
+    for r in range(1, rows):  # left padding of different lengths
+        mask[r, : 7 * r] = 0
+    return {"input_ids": ids.cuda(), "attention_mask": mask.cuda()}
+
+
+def test_reference_path_on_cuda_is_bit_identical(model_table):
+    model, table = model_table
+    inputs = _prompt(2, 100, 0)
+    kw = dict(do_sample=False, max_new_tokens=8, return_dict_in_generate=True, output_logits=True,
+              cache_implementation=None, pad_token_id=0)
+    with torch.no_grad():
+        ref = model.generate(**inputs, past_key_values=DynamicCache(config=model.config), **kw)
+        with attention(model, "gaac"):
+            out = model.generate(**inputs, past_key_values=GAACCache(model.config, calibration=table, fused=False), **kw)
+    assert torch.equal(ref.sequences, out.sequences)
+    for a, b in zip(ref.logits, out.logits):
+        assert same_bits(a, b)
+
+
+def test_fused_decode_is_used_and_close_to_sdpa(model_table, monkeypatch):
+    if gattn._fused_kernel() is None:
+        pytest.skip("gaac_hf.kernels.attention is not importable here")
+    model, table = model_table
+    inputs = _prompt(3, 90, 1)
+    calls = []
+    real = gattn._fused_decode
+
+    def counting(*a, **k):
+        out = real(*a, **k)
+        calls.append(out is not None)
+        return out
+
+    monkeypatch.setattr(gattn, "_fused_decode", counting)
+    cache = GAACCache(model.config, calibration=table)
+    with torch.no_grad(), attention(model, "gaac"):
+        model(**inputs, past_key_values=cache)  # prefill: reference path (q_len > 1)
+        assert calls == []
+        layer = cache.layers[5]
+        attn = model.model.layers[5].self_attn
+        q = torch.randn(3, 9, 1, 64, device="cuda").to(torch.bfloat16)
+        mask = inputs["attention_mask"].bool()[:, None, None, :]  # [B, 1, 1, kv] left padding
+        k, v = layer.full_kv()
+        ref, _ = gattn._sdpa()(attn, q, k, v, mask, scaling=attn.scaling)
+        fused = gattn._fused_decode(attn, q, layer, mask, attn.scaling)
+    assert fused is not None and calls == [True]
+    assert fused.shape == ref.shape == (3, 1, 9, 64)
+    torch.testing.assert_close(fused.float(), ref.float(), atol=2e-2, rtol=2e-2)
+
+    # one generate() step after prefill runs the fused kernel in every layer
+    calls.clear()
+    with torch.no_grad(), attention(model, "gaac"):
+        model.generate(**inputs, past_key_values=GAACCache(model.config, calibration=table), max_new_tokens=3,
+                       do_sample=False, cache_implementation=None, pad_token_id=0)
+    assert len(calls) == 2 * 30 and all(calls)
