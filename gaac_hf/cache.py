@@ -539,7 +539,8 @@ class GAACCache(Cache):
         """
         gaac = [(i, layer) for i, layer in enumerate(self.layers) if isinstance(layer, GAACLayer)]
         per = [(i, layer._stats()) for i, layer in gaac]
-        modes = torch.stack([torch.stack([m.cpu() for m in s["modes"]]) for _, s in per])  # [L, 2, 3], one sync
+        dev = next((m.device for _, s in per for m in s["modes"] if m.device.type != "cpu"), torch.device("cpu"))
+        modes = torch.stack([torch.stack([m.to(dev) for m in s["modes"]]) for _, s in per]).cpu()  # [L, 2, 3]: one sync
 
         def shares(c: torch.Tensor) -> dict:
             tot = max(int(c.sum()), 1)
