@@ -42,7 +42,9 @@ def main():
             xb, c8, c16 = blocks[:n].contiguous(), B8[:n], B16[:n]
             ref = encode_blocks(xb, c8, c16, geom)
             got = encode_blocks_triton(xb, c8, c16, geom)
-            ok_enc = bool(torch.equal(got.slots, ref.slots) and torch.equal(got.escape_len, ref.escape_len))
+            gotg = encode_blocks_triton(xb, c8, c16, geom, fast=True)
+            ok_enc = bool(torch.equal(got.slots, ref.slots) and torch.equal(got.escape_len, ref.escape_len)
+                          and torch.equal(gotg.slots, ref.slots) and torch.equal(gotg.escape_len, ref.escape_len))
             dec = decode_blocks_triton(ref.slots, c8, c16, geom)
             if bool(ref.fits.all()):
                 assert torch.equal(decode_blocks_triton(ref.slots, c8, c16, geom, fast=True).view(torch.int16), dec.view(torch.int16))
@@ -51,6 +53,7 @@ def main():
             out = torch.empty_like(xb)
             t = {
                 "encode_triton": triton.testing.do_bench(lambda: encode_blocks_triton(xb, c8, c16, geom, slots=slots), return_mode="median"),
+                "encode_triton_groups": triton.testing.do_bench(lambda: encode_blocks_triton(xb, c8, c16, geom, slots=slots, fast=True), return_mode="median"),
                 "decode_triton": triton.testing.do_bench(lambda: decode_blocks_triton(ref.slots, c8, c16, geom, out=out), return_mode="median"),
                 "decode_triton_fast": triton.testing.do_bench(lambda: decode_blocks_triton(ref.slots, c8, c16, geom, out=out, fast=True), return_mode="median"),
                 "encode_torch": triton.testing.do_bench(lambda: encode_blocks(xb, c8, c16, geom), return_mode="median", rep=40),

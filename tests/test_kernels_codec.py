@@ -47,7 +47,8 @@ GEOMS = [
 
 @pytest.mark.parametrize("geom", GEOMS, ids=lambda g: f"T{g.block_size}-D{g.head_dim}-cap{g.escape_capacity}")
 @pytest.mark.parametrize("per_block_bases", [False, True])
-def test_encode_matches_reference(geom, per_block_bases):
+@pytest.mark.parametrize("fast", [False, True], ids=["block", "groups"])
+def test_encode_matches_reference(geom, per_block_bases, fast):
     n = 5
     x, b8, b16 = _adversarial(n, geom.block_size, geom.head_dim, seed=geom.head_dim + per_block_bases)
     if per_block_bases:
@@ -56,7 +57,7 @@ def test_encode_matches_reference(geom, per_block_bases):
         b16 = (b16.int() + torch.randint(-2, 3, (n, geom.head_dim), generator=g)).clamp(0, 240).to(torch.uint8)
     ref = encode_blocks(x, b8, b16, geom)
     poison = torch.full((n, geom.slot_bytes), 0xA5, dtype=torch.uint8)  # every byte must be written
-    got = encode_blocks_triton(x, b8, b16, geom, slots=poison, with_tags=True)
+    got = encode_blocks_triton(x, b8, b16, geom, slots=poison, with_tags=True, fast=fast, tile_tokens=8)
     assert torch.equal(got.tags, ref.tags)
     assert torch.equal(got.escape_len, ref.escape_len)
     assert torch.equal(got.fits, ref.fits)
