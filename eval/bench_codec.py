@@ -27,6 +27,7 @@ from gaac_hf.kernels.synth import calibrate, synthetic_kv
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="eval/results/codec_h200.json")
+    ap.add_argument("--quick", action="store_true", help="whole-layer sizes only, no PyTorch-reference timings")
     args = ap.parse_args()
     dev = "cuda"
     rows = []
@@ -38,7 +39,7 @@ def main():
         blocks = x[0].reshape(heads * 1024, 64, d)
         hb = torch.arange(heads, device=dev).repeat_interleave(1024)
         B8, B16 = b8[hb].contiguous(), b16[hb].contiguous()
-        for n in ((1, 1024, heads * 1024) if d == 128 else (heads * 1024,)):
+        for n in ((1, 1024, heads * 1024) if d == 128 and not args.quick else (heads * 1024,)):
             xb, c8, c16 = blocks[:n].contiguous(), B8[:n], B16[:n]
             ref = encode_blocks(xb, c8, c16, geom)
             got = encode_blocks_triton(xb, c8, c16, geom)
@@ -56,9 +57,10 @@ def main():
                 "encode_triton_groups": triton.testing.do_bench(lambda: encode_blocks_triton(xb, c8, c16, geom, slots=slots, fast=True), return_mode="median"),
                 "decode_triton": triton.testing.do_bench(lambda: decode_blocks_triton(ref.slots, c8, c16, geom, out=out), return_mode="median"),
                 "decode_triton_fast": triton.testing.do_bench(lambda: decode_blocks_triton(ref.slots, c8, c16, geom, out=out, fast=True), return_mode="median"),
-                "encode_torch": triton.testing.do_bench(lambda: encode_blocks(xb, c8, c16, geom), return_mode="median", rep=40),
-                "decode_torch": triton.testing.do_bench(lambda: decode_blocks(ref.slots, c8, c16, geom, validate=False), return_mode="median", rep=40),
             }
+            if not args.quick:
+                t["encode_torch"] = triton.testing.do_bench(lambda: encode_blocks(xb, c8, c16, geom), return_mode="median", rep=40)
+                t["decode_torch"] = triton.testing.do_bench(lambda: decode_blocks(ref.slots, c8, c16, geom, validate=False), return_mode="median", rep=40)
             nbytes = xb.numel() * 2
             row = dict(head_dim=d, blocks=n, bf16_bytes=nbytes, escape_capacity=cap, fits=float(ref.fits.float().mean()),
                        us={k: v * 1e3 for k, v in t.items()}, gbps={k: nbytes / (v * 1e-3) / 1e9 for k, v in t.items()},
