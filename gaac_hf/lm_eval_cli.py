@@ -1,0 +1,42 @@
+"""``gaac-lm-eval``: lm-eval's own command line with the ``hf-gaac`` model registered.
+
+lm-eval 0.4.13 has no plugin discovery for model classes, so this wrapper imports
+:mod:`gaac_hf.lm_eval_model` (which registers ``hf-gaac``) and hands over to
+``lm_eval.__main__.cli_evaluate()``; every lm-eval option works unchanged. It defaults the Hugging Face
+libraries to offline mode (set ``HF_HUB_OFFLINE=0`` / ``HF_DATASETS_OFFLINE=0`` to go online) and,
+when ``--include_path`` is not given, adds the repository's ``eval/tasks`` folder if it exists.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
+
+
+def repo_tasks_dir() -> Path | None:
+    """``eval/tasks`` of the source checkout this package runs from, if any."""
+    d = Path(__file__).resolve().parents[1] / "eval" / "tasks"
+    return d if d.is_dir() else None
+
+
+def main(argv: list[str] | None = None) -> None:
+    for var in OFFLINE_VARS:
+        os.environ.setdefault(var, "1")
+    if argv is not None:
+        sys.argv = [sys.argv[0], *argv]
+    args = sys.argv[1:]
+    if args and args[0] not in ("-h", "--help", "ls", "validate") and "--include_path" not in args:
+        tasks = repo_tasks_dir()
+        if tasks is not None:
+            sys.argv += ["--include_path", str(tasks)]
+
+    import gaac_hf.lm_eval_model  # noqa: F401  (registers hf-gaac)
+    from lm_eval.__main__ import cli_evaluate
+
+    cli_evaluate()
+
+
+if __name__ == "__main__":
+    main()

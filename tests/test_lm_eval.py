@@ -1,0 +1,153 @@
+"""lm-eval integration: the hf-gaac model, the offline tasks in eval/tasks and the parity check.
+
+The parity test runs eval/parity.py on every local task with a tiny --limit (BF16 DynamicCache vs
+GAAC, same chunked prefill) and fails if any per-sample output differs; a second test perturbs the
+GAAC logits to prove the comparison does fail then. The CLI test runs ``gaac-lm-eval``'s module from
+another working directory, offline.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+TASKS = REPO / "eval" / "tasks"
+SHIPPED_TABLE = REPO / "calibration_data" / "smollm2-135m.safetensors"
+
+pytestmark = pytest.mark.slow
+
+
+def _load(path: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def parity():
+    return _load(REPO / "eval" / "parity.py", "gaac_parity")
+
+
+@pytest.fixture(scope="module")
+def table(tmp_path_factory) -> Path:
+    """The shipped SmolLM2 table; a small one made on the spot if a checkout lacks it."""
+    if SHIPPED_TABLE.is_file():
+        return SHIPPED_TABLE
+    out = tmp_path_factory.mktemp("cal") / "smollm2-135m.safetensors"
+    subprocess.run([sys.executable, "-m", "gaac_hf.calibration_cli", "--model", "smollm2", "--context", "1024",
+                    "--max-tokens", "2048", "--stats-tokens", "2048", "--out", str(out), "--quiet"], check=True)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# no model needed
+# ---------------------------------------------------------------------------------------------
+def test_model_registered_only_by_its_module():
+    code = ("import gaac_hf, lm_eval.api.registry as r; a = 'hf-gaac' in r.model_registry; "
+            "import gaac_hf.lm_eval_model; b = r.get_model('hf-gaac').__name__; print(a, b)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "GAACLM"]
+
+
+def test_comparison_is_exact(parity):
+    x = -12.5
+    assert parity.same([[(x, True)]], [[(float("-12.5"), True)]])
+    one_ulp = x + abs(x) * 2**-52
+    assert one_ulp != x and not parity.same([[(x, True)]], [[(one_ulp, True)]])
+    assert not parity.same([[(x, True)]], [[(x, False)]])
+    assert not parity.same(["def f():\n    return 1"], ["def f():\n    return 1 "])
+    assert parity.same([float("nan")], [float("nan")])
+    ref = [{"doc_id": i, "arguments": [["ctx", " a"]], "resps": [[(-1.0 * i, False)]], "filtered_resps": [(-1.0 * i, False)]}
+           for i in range(3)]
+    new = json.loads(json.dumps(ref))
+    for s in new:  # json turns tuples into lists: compare the same shapes
+        s["resps"] = [[tuple(r) for r in rr] for rr in s["resps"]]
+        s["filtered_resps"] = [tuple(r) for r in s["filtered_resps"]]
+    assert parity.compare_samples(ref, new)["identical"]
+    new[1]["resps"] = [[(-1.0 + 1e-12, False)]]
+    c = parity.compare_samples(ref, new)
+    assert not c["identical"] and c["different_doc_ids"] == [1]
+
+
+def test_task_data_resolves_from_any_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    tasks = _load(TASKS / "gaac_tasks.py", "gaac_tasks_test")
+    assert len(tasks.load_piqa()["test"]) == 1838
+    assert len(tasks.load_gsm8k()["test"]) == 1319
+    assert len(tasks.load_humaneval()["test"]) == 164
+    wt = tasks.load_wikitext()["test"]
+    assert len(wt) == 62 and wt[0]["title"] == "Robert Boulter"
+    assert tasks.gsm8k_score({"target": "18"}, [" so she makes 9 * 2 = 18 dollars."])["exact_match"] == 1.0
+
+
+# ---------------------------------------------------------------------------------------------
+# real model (SmolLM2-135M, CPU)
+# ---------------------------------------------------------------------------------------------
+def _tiny_args(table: Path, out: Path, tasks: str, **over) -> list[str]:
+    args = {"--calibration": str(table), "--tasks": tasks, "--limit": "2", "--max_length": "512",
+            "--prefill_chunk": "64", "--max_gen_toks": "24", "--out": str(out)}
+    args.update(over)
+    argv = [x for kv in args.items() for x in kv]
+    return argv + ["--task-limit", "gaac_wikitext=1"]
+
+
+def test_parity_tiny(parity, table, tmp_path):
+    """Every local task, BF16 vs GAAC: per-sample outputs identical, and GAAC blocks really used."""
+    out = tmp_path / "parity_smollm2.json"
+    rc = parity.main(_tiny_args(table, out, ",".join(parity.DEFAULT_TASKS)))
+    rep = json.loads(out.read_text())
+    assert {"model", "tasks", "all_identical", "limit", "command"} <= rep.keys()
+    bad = {k: v for k, v in rep["tasks"].items() if not v["identical"]}
+    assert rc == 0 and rep["all_identical"] and not bad, f"BF16 and GAAC outputs differ: {bad}"
+    assert set(rep["tasks"]) == set(parity.DEFAULT_TASKS)
+    for name, t in rep["tasks"].items():
+        assert t["n"] >= 1 and t["score_bf16"] == t["score_gaac"], name
+        assert t["gaac_cache_calls"] >= t["n"], name
+    # loglikelihood requests were scored against encoded blocks, over several prefill chunks
+    for name in ("gaac_piqa", "gaac_wikitext"):
+        g = rep["tasks"][name]["gaac_cache"]
+        assert g["calls_with_encoded_blocks"] == g["calls"] and g["encoded_blocks"] > 0, (name, g)
+        assert g["seq_length"] > 64 * g["calls"], (name, g)  # more than one 64-token chunk per call
+
+
+def test_parity_fails_when_outputs_differ(parity, table, tmp_path, monkeypatch):
+    import torch
+
+    from gaac_hf.lm_eval_model import GAACLM
+
+    orig = GAACLM._model_call
+
+    def nudged(self, inps, *a, **kw):
+        logits = orig(self, inps, *a, **kw)
+        return logits + 0.25 * (torch.arange(logits.shape[-1]) % 2).to(logits.dtype) if self.gaac else logits
+
+    monkeypatch.setattr(GAACLM, "_model_call", nudged)
+    out = tmp_path / "parity_bad.json"
+    rc = parity.main(_tiny_args(table, out, "gaac_piqa", **{"--limit": "1"}))
+    rep = json.loads(out.read_text())
+    assert rc == 1 and not rep["all_identical"] and rep["tasks"]["gaac_piqa"]["n_different"] == 1
+
+
+def test_cli_offline_from_another_directory(table, tmp_path):
+    env = dict(os.environ)
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        env.pop(var, None)  # the console script sets the offline defaults itself
+    cmd = [sys.executable, "-m", "gaac_hf.lm_eval_cli", "--model", "hf-gaac",
+           "--model_args", f"pretrained=smollm2,gaac=true,calibration={table},prefill_chunk=64",
+           "--tasks", "gaac_piqa", "--include_path", str(TASKS), "--limit", "2",
+           "--output_path", str(tmp_path / "out"), "--log_samples"]
+    r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "gaac_piqa" in r.stdout and "acc" in r.stdout
+    results = list((tmp_path / "out").rglob("results_*.json"))
+    assert results, "lm-eval wrote no results file"
+    rep = json.loads(results[0].read_text())
+    assert "acc,none" in rep["results"]["gaac_piqa"]
+    assert rep["config"]["model"] == "hf-gaac"
