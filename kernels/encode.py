@@ -240,7 +240,7 @@ def encode_blocks_triton(
     *,
     slots: torch.Tensor | None = None,
     with_tags: bool = False,
-    fast: bool = False,
+    fast: bool = True,
     tile_tokens: int = 16,
 ) -> EncodedBlocks:
     """Encode N BF16 blocks into slots in one launch (byte-identical to ``codec.encode_blocks``).
@@ -251,8 +251,9 @@ def encode_blocks_triton(
         geometry: the block format (group_axis must be "channel").
         slots: optional preallocated uint8 ``[N, slot_bytes]`` to write into (e.g. rows of a slot
             pool); every byte of each row is written.
-        fast: use the group-layout kernel (BF16 pairs in 32-bit words, sub-tiles of ``tile_tokens``
-            rows): the same bytes; not yet timed on a GPU, so off by default.
+        fast: the group-layout kernel (BF16 pairs in 32-bit words, sub-tiles of ``tile_tokens`` rows;
+            H200: 895 / 614 / 711 GB/s at d = 128 / 64 / 256) instead of the block-tile kernel
+            (735 / 624 / 594 GB/s). Same bytes.
         with_tags: also write the per-group modes (int32 ``[N, T, D/8]``, as the reference's
             ``tags``) for mode statistics; +25% bytes written, so off by default (tags=None).
     Returns:
