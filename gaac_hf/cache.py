@@ -24,6 +24,7 @@ learn how many blocks fell back to raw, which sizes the pools. Nothing per token
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -61,14 +62,42 @@ def _grow(t: torch.Tensor, rows: int, dim: int = 0) -> torch.Tensor:
     return out
 
 
+def _triton_codec(geometry: BlockGeometry, device) -> tuple | None:
+    """(encode, decode) Triton kernels for CUDA tensors, byte/bit-identical to the reference codec,
+    or None (CPU, kernels not importable, or a geometry they do not implement)."""
+    if torch.device(device).type != "cuda":
+        return None
+    try:
+        from gaac_hf.kernels.decode import decode_blocks_triton
+        from gaac_hf.kernels.encode import _check_geometry, encode_blocks_triton
+
+        _check_geometry(geometry)
+    except Exception:  # noqa: BLE001 - no Triton, no kernels, or an unsupported layout: reference codec
+        return None
+
+    def enc(x, b8, b16, g):
+        return encode_blocks_triton(x, b8, b16, g, with_tags=True)
+
+    def dec(slots, b8, b16, g):
+        return decode_blocks_triton(slots, b8, b16, g)
+
+    return enc, dec
+
+
 class _BlockPool:
     """Encoded blocks of one kind (K or V) of one layer: slot pool + raw pool + running counters.
 
-    base8, base16: uint8 ``[H, D]`` windows of this layer and kind.
+    base8, base16: uint8 ``[H, D]`` windows of this layer and kind. On CUDA the Triton encoder and
+    decoder of ``gaac_hf.kernels`` replace the reference codec (same bytes, same bits) unless
+    ``triton_codec=False``.
     """
 
-    def __init__(self, geometry: BlockGeometry, base8: torch.Tensor, base16: torch.Tensor, device) -> None:
+    def __init__(self, geometry: BlockGeometry, base8: torch.Tensor, base16: torch.Tensor, device,
+                 triton_codec: bool = True) -> None:
         g = self.geometry = geometry
+        kernels = _triton_codec(geometry, device) if triton_codec else None
+        self.triton = kernels is not None
+        self._encode, self._decode = kernels or (encode_blocks, partial(decode_blocks, validate=False))
         self.base8 = base8.to(device)
         self.base16 = base16.to(device)
         # One row each so gathers with clamped indices are always in range.
@@ -86,7 +115,7 @@ class _BlockPool:
         Returns int32 ``[N]`` block-table entries (slot index, or ``-raw_index - 1``).
         """
         n = blocks.shape[0]
-        enc = encode_blocks(blocks, self.base8[heads], self.base16[heads], self.geometry)
+        enc = self._encode(blocks, self.base8[heads], self.base16[heads], self.geometry)
         fits = enc.fits
         n_fit = int(fits.sum())  # the one host sync of a finalize: it sizes both pools
         fi = fits.to(torch.int32)
@@ -115,7 +144,7 @@ class _BlockPool:
             return torch.empty(0, g.block_size, g.head_dim, dtype=torch.bfloat16, device=self.slots.device)
         e = entries.to(torch.int64)
         # Raw entries decode slot 0 (garbage, discarded below): no data-dependent shapes, no syncs.
-        out = decode_blocks(self.slots[e.clamp(min=0)], self.base8[heads], self.base16[heads], g, validate=False)
+        out = self._decode(self.slots[e.clamp(min=0)], self.base8[heads], self.base16[heads], g)
         if self.n_raw:
             out = torch.where((e < 0)[:, None, None], self.raw[(-e - 1).clamp(min=0)], out)
         return out
@@ -159,7 +188,7 @@ class GAACLayer(CacheLayerMixin):
     is_croppable = True
 
     def __init__(self, layer_idx: int, table: CalibrationTable, geometry: BlockGeometry, config,
-                 return_full_kv: bool | None = None, fused: bool = True) -> None:
+                 return_full_kv: bool | None = None, fused: bool = True, triton_codec: bool = True) -> None:
         super().__init__()
         self.layer_idx = layer_idx
         self.geometry = geometry
@@ -167,6 +196,7 @@ class GAACLayer(CacheLayerMixin):
         self._config = config  # live model config: read at each update() to pick the return mode
         self._return_full_kv = return_full_kv
         self.fused = fused  # allow the Triton decode kernel (CUDA, q_len == 1) in GAAC attention
+        self.triton_codec = triton_codec  # Triton encoder/decoder for CUDA pools (same bytes/bits)
         self._awaiting_attention = False
         self._reset_state()
 
@@ -201,7 +231,7 @@ class GAACLayer(CacheLayerMixin):
                 f"table ({self._table.num_kv_heads} heads x head_dim {g.head_dim})"
             )
         dev = self.device = key_states.device
-        self.pools = [_BlockPool(g, *self._table.bases(self.layer_idx, kind), dev) for kind in (_K, _V)]
+        self.pools = [_BlockPool(g, *self._table.bases(self.layer_idx, kind), dev, self.triton_codec) for kind in (_K, _V)]
         # One column from the start: kernels take the full-capacity table and want max_blocks >= 1.
         self.tables = [torch.zeros(b, h, 1, dtype=torch.int32, device=dev) for _ in (_K, _V)]
         self.tails = [torch.zeros(b, h, g.block_size, d, dtype=torch.bfloat16, device=dev) for _ in (_K, _V)]
@@ -475,6 +505,9 @@ class GAACCache(Cache):
         fused: let GAAC attention use the fused Triton decode kernel on CUDA for q_len == 1
             (default). False forces the reference path (decode + SDPA, bit-identical to sdpa); use it
             with attention masks that are not of the left-padding form.
+        triton_codec: on CUDA, encode and decode blocks with the Triton kernels of
+            ``gaac_hf.kernels`` (byte- and bit-identical to the reference codec; default). False
+            keeps the reference PyTorch codec everywhere.
 
     Full-attention layers get a :class:`GAACLayer`; sliding-window, chunked, linear and dummy layers
     keep their stock transformers layer (uncompressed).
@@ -482,7 +515,7 @@ class GAACCache(Cache):
 
     def __init__(self, config, calibration=None, *, block_size: int | None = None,
                  escape_capacity: int | None = None, return_full_kv: bool | None = None,
-                 fused: bool = True) -> None:
+                 fused: bool = True, triton_codec: bool = True) -> None:
         table = _resolve_table(calibration)
         table.check_model(config)
         text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
@@ -497,7 +530,7 @@ class GAACCache(Cache):
         self.table = table
         types, kwargs = _layer_types_and_kwargs(text)
         layers = [
-            GAACLayer(i, table, geometry, text, return_full_kv, fused) if lt == "full_attention"
+            GAACLayer(i, table, geometry, text, return_full_kv, fused, triton_codec) if lt == "full_attention"
             else DYNAMIC_LAYER_TYPE_MAPPING[lt](**kw)
             for i, (lt, kw) in enumerate(zip(types, kwargs))
         ]

@@ -14,6 +14,7 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 import gaac_hf
 import gaac_hf.attention as gattn
 from gaac_hf.cache import GAACCache
+from gaac_hf.codec import decode_blocks
 from gaac_hf.format import BlockGeometry
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -53,6 +54,39 @@ def test_reference_path_on_cuda_is_bit_identical(model_table):
     assert torch.equal(ref.sequences, out.sequences)
     for a, b in zip(ref.logits, out.logits):
         assert same_bits(a, b)
+
+
+def test_triton_codec_slots_decode_with_the_reference_codec(model_table):
+    """On CUDA the pools are written by the Triton encoder; the reference decoder reads them back to
+    DynamicCache's exact bits, and both codecs give bit-identical generate() results."""
+    model, table = model_table
+    inputs = _prompt(2, 100, 2)
+    dyn = DynamicCache(config=model.config)
+    cache = GAACCache(model.config, calibration=table, fused=False)
+    with torch.no_grad():
+        model(**inputs, past_key_values=dyn)
+        with attention(model, "gaac"):
+            model(**inputs, past_key_values=cache)
+    g = cache.geometry
+    for li in (0, 17, 29):
+        layer = cache.layers[li]
+        for kind, want in ((0, dyn.layers[li].keys), (1, dyn.layers[li].values)):
+            pool = layer.pools[kind]
+            assert pool.triton
+            e = layer.tables[kind][:, :, : layer.num_blocks].reshape(-1).long()
+            heads = torch.arange(3, device="cuda").view(1, 3, 1).expand(2, 3, layer.num_blocks).reshape(-1)
+            b8, b16 = pool.base8[heads], pool.base16[heads]
+            got = decode_blocks(pool.slots[e.clamp(min=0)], b8, b16, g, validate=False)
+            got = torch.where((e < 0)[:, None, None], pool.raw[(-e - 1).clamp(min=0)], got)
+            exp = want[:, :, : layer.num_blocks * g.block_size].reshape(-1, g.block_size, g.head_dim)
+            assert same_bits(got, exp)
+    kw = dict(do_sample=False, max_new_tokens=6, return_dict_in_generate=True, output_logits=True,
+              cache_implementation=None, pad_token_id=0)
+    with torch.no_grad(), attention(model, "gaac"):
+        a = model.generate(**inputs, past_key_values=GAACCache(model.config, calibration=table, fused=False), **kw)
+        b = model.generate(**inputs, past_key_values=GAACCache(model.config, calibration=table, fused=False,
+                                                               triton_codec=False), **kw)
+    assert torch.equal(a.sequences, b.sequences) and all(same_bits(x, y) for x, y in zip(a.logits, b.logits))
 
 
 def test_fused_decode_is_used_and_close_to_sdpa(model_table, monkeypatch):
