@@ -442,6 +442,18 @@ def test_register_is_idempotent_and_undoable():
         gaac_hf.register("my_sdpa")
 
 
+def test_shipped_table_by_repo_relative_path(model_tok, text_ids, tmp_path, monkeypatch):
+    """The constructor users guess, from any working directory, with the table shipped in the repo."""
+    model, _ = model_tok
+    monkeypatch.chdir(tmp_path)
+    cache = GAACCache(model.config, calibration="calibration_data/smollm2-135m.safetensors")
+    assert cache.geometry.block_size == 64
+    with attention(model, "gaac"), torch.no_grad():
+        model(text_ids[:, 8000:8140], past_key_values=cache, logits_to_keep=1)
+    st = cache.stats()
+    assert st["encoded_blocks"] == 30 * 2 * 3 * 2 and st["tail_tokens"] == 12 and st["raw_fallback_blocks"] <= 2
+
+
 def test_table_for_another_model_is_rejected(model_tok, table):
     model, _ = model_tok
     other = copy.deepcopy(model.config)
