@@ -18,8 +18,10 @@ How attention reads the blocks is described in :mod:`gaac_hf.attention`: ``updat
 full decompressed K/V unless the live model config selects the GAAC attention, in which case it
 returns a tail carrier and the attention function reads this layer directly.
 
-Host syncs: one per finalize event (every T tokens per layer during decode, once per prefill) to
-learn how many blocks fell back to raw, which sizes the pools. Nothing per token.
+Host syncs: none in decode steps (raw-fallback rows are placed on the device and the host tracks an
+upper bound refreshed from a non-blocking copy, see :class:`_BlockPool`); one per layer when a
+prefill (or a run of raw fallbacks) outgrows the raw pool's headroom; a few in the rare operations
+that compact the pools (batch selection, crop) and in ``stats()``.
 """
 from __future__ import annotations
 
@@ -90,52 +92,99 @@ class _BlockPool:
     base8, base16: uint8 ``[H, D]`` windows of this layer and kind. On CUDA the Triton encoder and
     decoder of ``gaac_hf.kernels`` replace the reference codec (same bytes, same bits) unless
     ``triton_codec=False``.
+
+    Every encoded block gets the next slot row, so slot positions never depend on the data; a block
+    that does not fit its slot (``fits == False``) also gets a raw row, at a position computed on the
+    device from the running raw count. The host keeps only an upper bound of raw rows in use
+    (``n_raw``; exact on CPU), refreshed without blocking from a pinned copy of the device count that
+    each append issues; it syncs only when that bound could overflow the raw pool (a prefill, or
+    raw fallbacks eating the headroom of ``2 * step_blocks`` rows). Decode steps thus run without
+    host syncs.
     """
 
     def __init__(self, geometry: BlockGeometry, base8: torch.Tensor, base16: torch.Tensor, device,
-                 triton_codec: bool = True) -> None:
+                 triton_codec: bool = True, step_blocks: int = 1) -> None:
         g = self.geometry = geometry
+        device = torch.device(device)
         kernels = _triton_codec(geometry, device) if triton_codec else None
         self.triton = kernels is not None
         self._encode, self._decode = kernels or (encode_blocks, partial(decode_blocks, validate=False))
         self.base8 = base8.to(device)
         self.base16 = base16.to(device)
-        # One row each so gathers with clamped indices are always in range.
+        # At least one row each so gathers with clamped indices are always in range. The raw pool's
+        # last row is a sink: writes of fitting blocks land there (no data-dependent shapes).
         self.slots = torch.zeros(1, g.slot_bytes, dtype=torch.uint8, device=device)
         self.raw = torch.zeros(1, g.block_size, g.head_dim, dtype=torch.bfloat16, device=device)
         self.n_slots = 0
-        self.n_raw = 0
+        self.n_raw = 0  # upper bound of raw rows in use (exact on CPU)
         self.encoded_blocks = 0
-        # Groups per mode (3-bit, 4-bit, raw) over every block encoded: device-side, read by stats().
-        self.mode_counts = torch.zeros(3, dtype=torch.int64, device=device)
+        self.step_blocks = step_blocks
+        # Device-side: groups per mode (3-bit, 4-bit, raw) over every block encoded, raw rows in use,
+        # slot rows left unused by raw fallbacks (until a compaction drops them).
+        self.counts = torch.zeros(5, dtype=torch.int64, device=device)
+        self._snap = self._snap_event = None
+        if device.type == "cuda":
+            self._snap = torch.zeros((), dtype=torch.int64, pin_memory=True)
+            self._snap_event = torch.cuda.Event()
+
+    @property
+    def mode_counts(self) -> torch.Tensor:
+        return self.counts[:3]
+
+    def _reserve_raw(self, n: int, fits: torch.Tensor) -> tuple[int, int | None]:
+        """Make room for up to ``n`` new raw rows. Returns (new upper bound, exact count of this
+        batch's raw blocks if a sync was needed, else None)."""
+        if self._snap_event is None:
+            self.n_raw = int(self.counts[3])  # CPU: reading the count costs nothing
+        elif self._snap_event.query():
+            self.n_raw = int(self._snap)  # the last append's non-blocking copy has landed
+        if self.n_raw + n <= self.raw.shape[0] - 1:
+            return self.n_raw + n, None
+        cur, new = torch.stack([self.counts[3], (~fits).sum()]).tolist()  # the rare sync
+        self.raw = _grow(self.raw, cur + new + 2 * self.step_blocks + 1)
+        return cur + new, new
 
     def append(self, blocks: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
         """Encode ``blocks`` bf16 ``[N, T, D]`` (``heads`` int64 ``[N]``: kv-head of each block).
 
         Returns int32 ``[N]`` block-table entries (slot index, or ``-raw_index - 1``).
         """
-        n = blocks.shape[0]
+        n, s0 = blocks.shape[0], self.n_slots
         enc = self._encode(blocks, self.base8[heads], self.base16[heads], self.geometry)
         fits = enc.fits
-        n_fit = int(fits.sum())  # the one host sync of a finalize: it sizes both pools
-        fi = fits.to(torch.int32)
-        slot_pos = self.n_slots + torch.cumsum(fi, 0, dtype=torch.int32) - 1
-        raw_pos = self.n_raw + torch.cumsum(1 - fi, 0, dtype=torch.int32) - 1
-        entries = torch.where(fits, slot_pos, -raw_pos - 1)
-        self.slots = _grow(self.slots, self.n_slots + n_fit)
-        if n_fit == n:
-            self.slots[self.n_slots : self.n_slots + n] = enc.slots
+        nfit = ~fits
+        ub, new = self._reserve_raw(n, fits)
+        raw_pos = self.counts[3] + torch.cumsum(nfit, 0) - 1  # int64 [N], valid where ~fits
+        if new is None:
+            # No sync (decode steps): every block takes the next slot row, a raw fallback's row stays
+            # unused; every block is copied to the raw pool, fitting ones into the sink row.
+            self.slots = _grow(self.slots, s0 + n)
+            self.slots[s0 : s0 + n] = enc.slots
+            slot_pos = torch.arange(s0, s0 + n, device=fits.device)
+            sink = torch.full_like(raw_pos, self.raw.shape[0] - 1)
+            self.raw.index_copy_(0, torch.where(fits, sink, raw_pos), blocks)
+            self.counts[4] += nfit.sum()
+            self.n_slots = s0 + n
         else:
-            self.raw = _grow(self.raw, self.n_raw + n - n_fit)
-            self.slots[self.n_slots : self.n_slots + n_fit] = enc.slots[fits]
-            self.raw[self.n_raw : self.n_raw + n - n_fit] = blocks[~fits]
-        self.n_slots += n_fit
-        self.n_raw += n - n_fit
-        self.encoded_blocks += n
+            # Synced anyway (prefill, or the raw headroom ran out): store compactly.
+            n_fit = n - new
+            self.slots = _grow(self.slots, s0 + n_fit)
+            self.slots[s0 : s0 + n_fit] = enc.slots if new == 0 else enc.slots[fits]
+            slot_pos = s0 + torch.cumsum(fits, 0) - 1
+            if new:
+                self.raw[ub - new : ub] = blocks[nfit]
+            self.n_slots = s0 + n_fit
+        entries = torch.where(fits, slot_pos, -raw_pos - 1)
+        self.counts[3] += nfit.sum()
         # Compare-and-sum instead of bincount: CUDA bincount syncs to size its output.
         modes = torch.arange(3, device=enc.tags.device, dtype=enc.tags.dtype)
-        self.mode_counts += (enc.tags.reshape(-1, 1) == modes).sum(0)
-        return entries
+        self.counts[:3] += (enc.tags.reshape(-1, 1) == modes).sum(0)
+        if self._snap is not None:
+            self._snap.copy_(self.counts[3], non_blocking=True)
+            self._snap_event.record()
+        self.n_raw = ub
+        self.encoded_blocks += n
+        return entries.to(torch.int32)
 
     def gather(self, entries: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
         """Decode table entries int ``[N]`` (``heads`` int64 ``[N]``) -> bf16 ``[N, T, D]``, bit-exact."""
@@ -143,17 +192,17 @@ class _BlockPool:
         if entries.numel() == 0:
             return torch.empty(0, g.block_size, g.head_dim, dtype=torch.bfloat16, device=self.slots.device)
         e = entries.to(torch.int64)
-        # Raw entries decode slot 0 (garbage, discarded below): no data-dependent shapes, no syncs.
+        # Raw entries decode a slot row too (discarded below): no data-dependent shapes, no syncs.
         out = self._decode(self.slots[e.clamp(min=0)], self.base8[heads], self.base16[heads], g)
         if self.n_raw:
             out = torch.where((e < 0)[:, None, None], self.raw[(-e - 1).clamp(min=0)], out)
         return out
 
     def compact(self, live: torch.Tensor) -> torch.Tensor:
-        """Drop pool entries that no table references. ``live``: int entries in use (any shape).
+        """Drop pool rows that no table references. ``live``: int entries in use (any shape).
 
         Returns ``live`` renumbered into the compacted pools (same shape, int32).
-        Host syncs (torch.unique); only called from rare operations (batch selection, crop, reset).
+        Host syncs (torch.unique); only called from rare operations (batch selection, crop).
         """
         flat = live.reshape(-1).to(torch.int64)
         s_used = torch.unique(flat[flat >= 0])
@@ -163,14 +212,12 @@ class _BlockPool:
         r_map = torch.full((max(self.n_raw, 1),), -1, dtype=torch.int64, device=flat.device)
         r_map[r_used] = torch.arange(r_used.numel(), device=flat.device)
         self.slots = self.slots[s_used] if s_used.numel() else self.slots[:1].clone()
-        self.raw = self.raw[r_used] if r_used.numel() else self.raw[:1].clone()
+        self.raw = torch.cat([self.raw[r_used], self.raw[-1:]])  # keeps the sink row last
         self.n_slots, self.n_raw = int(s_used.numel()), int(r_used.numel())
+        self.counts[3] = self.n_raw
+        self.counts[4] = 0
         new = torch.where(flat >= 0, s_map[flat.clamp(min=0)], -r_map[(-flat - 1).clamp(min=0)] - 1)
         return new.to(torch.int32).reshape(live.shape)
-
-    def resident_bytes(self) -> int:
-        g = self.geometry
-        return self.n_slots * g.slot_bytes + self.n_raw * g.raw_bytes
 
     def allocated_bytes(self) -> int:
         return self.slots.numel() + self.raw.numel() * 2
@@ -231,7 +278,8 @@ class GAACLayer(CacheLayerMixin):
                 f"table ({self._table.num_kv_heads} heads x head_dim {g.head_dim})"
             )
         dev = self.device = key_states.device
-        self.pools = [_BlockPool(g, *self._table.bases(self.layer_idx, kind), dev, self.triton_codec) for kind in (_K, _V)]
+        self.pools = [_BlockPool(g, *self._table.bases(self.layer_idx, kind), dev, self.triton_codec, b * h)
+                      for kind in (_K, _V)]
         # One column from the start: kernels take the full-capacity table and want max_blocks >= 1.
         self.tables = [torch.zeros(b, h, 1, dtype=torch.int32, device=dev) for _ in (_K, _V)]
         self.tails = [torch.zeros(b, h, g.block_size, d, dtype=torch.bfloat16, device=dev) for _ in (_K, _V)]
@@ -435,27 +483,25 @@ class GAACLayer(CacheLayerMixin):
 
     # -- statistics -------------------------------------------------------------------------------
     def _stats(self) -> dict:
-        """Host-side byte counts plus device-side mode counters (not synced here)."""
+        """Host-side byte counts plus the pools' device counters (``counts`` [2, 4], not synced here)."""
         if not self.is_initialized:
-            z = torch.zeros(3, dtype=torch.int64)
-            return {"resident": 0, "bf16": 0, "allocated": 0, "modes": [z, z], "raw_blocks": 0, "blocks": 0,
+            z = torch.zeros(5, dtype=torch.int64)
+            return {"fixed": 0, "slot_rows": 0, "bf16": 0, "allocated": 0, "counts": [z, z], "encoded": 0,
                     "tail_tokens": 0, "tokens": 0}
         b, h = self.tails[_K].shape[:2]
         g = self.geometry
-        s = self.get_seq_length()
         table_bytes = b * h * self.num_blocks * 4
         tail_bytes = b * h * self.tail_len * g.head_dim * 2
         return {
-            "resident": sum(p.resident_bytes() for p in self.pools) + 2 * (table_bytes + tail_bytes),
-            "bf16": 2 * b * h * s * g.head_dim * 2,
+            "fixed": 2 * (table_bytes + tail_bytes),  # + slot rows and raw rows, counted after the sync
+            "slot_rows": sum(p.n_slots for p in self.pools),
+            "bf16": 2 * b * h * self.get_seq_length() * g.head_dim * 2,
             "allocated": sum(p.allocated_bytes() for p in self.pools)
             + sum(tb.numel() * 4 for tb in self.tables) + sum(tl.numel() * 2 for tl in self.tails),
-            "modes": [p.mode_counts for p in self.pools],
-            "raw_blocks": sum(p.n_raw for p in self.pools),
-            "blocks": sum(p.n_slots + p.n_raw for p in self.pools),
+            "counts": [p.counts for p in self.pools],
             "encoded": sum(p.encoded_blocks for p in self.pools),
             "tail_tokens": self.tail_len,
-            "tokens": s,
+            "tokens": self.get_seq_length(),
         }
 
 
@@ -558,22 +604,30 @@ class GAACCache(Cache):
     def stats(self, per_layer: bool = False) -> dict:
         """Resident KV bytes against a BF16 cache, compression ratio and mode shares.
 
-        Byte counts are host-side integers; the mode counters live on the device and are synced
-        only here. Keys:
+        Byte counts are host-side integers; the mode and raw-row counters live on the device and
+        are synced once, here. Keys:
 
-        - ``resident_bytes``: bytes of the GAAC layers' data (used slots, raw-fallback blocks, block
-          tables, tails); ``bf16_bytes``: what a BF16 DynamicCache would hold for the same layers
+        - ``resident_bytes``: bytes of the GAAC layers' data (slot rows, raw rows, block tables,
+          tails); ``bf16_bytes``: what a BF16 DynamicCache would hold for the same layers
           and tokens; ``ratio`` = bf16/resident, ``savings`` = 1 - resident/bf16.
         - ``allocated_bytes``: pool capacity actually reserved (pools grow by doubling).
         - ``stock_layer_bytes``: uncompressed layers kept stock (sliding window etc.).
         - ``mode_shares`` (and ``_k``/``_v``): fraction of encoded groups in 3-bit / 4-bit / raw mode.
-        - ``raw_fallback_blocks`` / ``stored_blocks`` / ``encoded_blocks``; ``tail_tokens``,
-          ``seq_length`` (of the first GAAC layer).
+        - ``raw_fallback_blocks`` (raw rows held), ``stored_blocks`` (distinct blocks held),
+          ``slot_rows`` (slot rows held: every encoded block takes one, a raw fallback's stays
+          unused until a compaction drops it), ``encoded_blocks`` (encoded since creation);
+          ``tail_tokens``, ``seq_length`` (of the first GAAC layer).
         """
         gaac = [(i, layer) for i, layer in enumerate(self.layers) if isinstance(layer, GAACLayer)]
         per = [(i, layer._stats()) for i, layer in gaac]
-        dev = next((m.device for _, s in per for m in s["modes"] if m.device.type != "cpu"), torch.device("cpu"))
-        modes = torch.stack([torch.stack([m.to(dev) for m in s["modes"]]) for _, s in per]).cpu()  # [L, 2, 3]: one sync
+        dev = next((c.device for _, s in per for c in s["counts"] if c.device.type != "cpu"), torch.device("cpu"))
+        counts = torch.stack([torch.stack([c.to(dev) for c in s["counts"]]) for _, s in per]).cpu()  # [L, 2, 5]: one sync
+        modes, raw_rows, orphans = counts[..., :3], counts[..., 3].sum(1), counts[..., 4].sum(1)  # [L, 2, 3], [L], [L]
+        g = self.geometry
+        for j, (_, s) in enumerate(per):
+            s["raw_blocks"] = int(raw_rows[j])
+            s["blocks"] = s["slot_rows"] - int(orphans[j]) + s["raw_blocks"]
+            s["resident"] = s["fixed"] + s["slot_rows"] * g.slot_bytes + s["raw_blocks"] * g.raw_bytes
 
         def shares(c: torch.Tensor) -> dict:
             tot = max(int(c.sum()), 1)
@@ -599,7 +653,8 @@ class GAACCache(Cache):
             "mode_shares_v": shares(modes[:, _V].sum(0)),
             "raw_fallback_blocks": sum(s["raw_blocks"] for _, s in per),
             "stored_blocks": sum(s["blocks"] for _, s in per),
-            "encoded_blocks": sum(s.get("encoded", 0) for _, s in per),
+            "slot_rows": sum(s["slot_rows"] for _, s in per),
+            "encoded_blocks": sum(s["encoded"] for _, s in per),
             "tail_tokens": per[0][1]["tail_tokens"],
             "seq_length": per[0][1]["tokens"],
             "block_size": self.geometry.block_size,

@@ -372,24 +372,27 @@ def _assert_layer0_equal(cache, dyn):
 def test_reorder_select_repeat_match_dynamic_cache(model_tok, table):
     model, _ = model_tok
     cache, dyn = _filled(table, model, rows=3, tokens=77)
+    layer = cache.layers[0]
     for op, arg in (("reorder_cache", torch.tensor([2, 2, 0])), ("batch_repeat_interleave", 2),
                     ("batch_select_indices", torch.tensor([0, 3, 5]))):
         getattr(cache, op)(arg)
         getattr(dyn, op)(arg)
         _assert_layer0_equal(cache, dyn)
+        if op == "batch_select_indices":  # compacted: every pool row left is referenced by some row
+            for kind in (0, 1):
+                live = layer.tables[kind][:, :, : layer.num_blocks]
+                assert layer.pools[kind].n_slots + layer.pools[kind].n_raw == torch.unique(live).numel()
         g = torch.Generator().manual_seed(1)
         rows = cache.layers[0].tails[0].shape[0]
         k, v = _windowed(table, 0, rows, 9, g, 0.002), _windowed(table, 1, rows, 9, g, 0.005)
         cache.update(k, v, 0)
         dyn.update(k, v, 0)
         _assert_layer0_equal(cache, dyn)
-    layer = cache.layers[0]
     for kind in (0, 1):
         pool = layer.pools[kind]
         assert pool.n_slots > 0 and pool.n_raw > 0  # both storage kinds exercised
-        # batch selection compacts: every pool entry left is referenced by some row
-        live = layer.tables[kind][:, :, : layer.num_blocks]
-        assert pool.n_slots + pool.n_raw == torch.unique(live).numel()
+    st = cache.stats()
+    assert st["stored_blocks"] == sum(torch.unique(tb[:, :, : layer.num_blocks]).numel() for tb in layer.tables)
 
 
 def test_from_dynamic_cache(model_tok, table):

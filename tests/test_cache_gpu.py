@@ -124,3 +124,38 @@ def test_fused_decode_is_used_and_close_to_sdpa(model_table, monkeypatch):
         model.generate(**inputs, past_key_values=GAACCache(model.config, calibration=table), max_new_tokens=3,
                        do_sample=False, cache_implementation=None, pad_token_id=0)
     assert len(calls) == 2 * 30 and all(calls)
+
+
+def test_decode_finalize_without_host_sync(model_table):
+    """After a prefill, single-token appends that complete blocks (some of them raw fallbacks) never
+    wait for the GPU, and everything stored reads back to the exact input bits."""
+    from test_cache import _windowed
+
+    model, table = model_table
+    g = torch.Generator().manual_seed(3)
+    cache = GAACCache(model.config, calibration=table)
+    layer = cache.layers[0]
+    ks, vs = [], []
+
+    def push(k, v):
+        ks.append(k)
+        vs.append(v)
+        layer.append(k, v)
+
+    push(_windowed(table, 0, 2, 64, g, 0.002).cuda(), _windowed(table, 1, 2, 64, g, 0.004).cuda())  # prefill
+    steps = [(_windowed(table, 0, 2, 1, g, 0.002).cuda(), _windowed(table, 1, 2, 1, g, 0.05).cuda())
+             for _ in range(40)]  # 2.5 blocks of decode steps
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with pytest.raises(RuntimeError):  # the debug mode does catch a host sync
+            int(steps[0][0].float().sum())
+        for k, v in steps:
+            push(k, v)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert layer.num_blocks == 6 and layer.tail_len == 8
+    k, v = layer.full_kv()
+    assert same_bits(k, torch.cat(ks, 2)) and same_bits(v, torch.cat(vs, 2))
+    st = cache.stats()
+    assert st["raw_fallback_blocks"] > 0 and st["stored_blocks"] == 2 * 2 * 3 * 6
