@@ -382,6 +382,7 @@ class GAACLayer(CacheLayerMixin):
             return
         self.tables = [tb.repeat_interleave(repeats, dim=0) for tb in self.tables]
         self.tails = [tl.repeat_interleave(repeats, dim=0) for tl in self.tails]
+        self._resize_headroom()
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         self._recent = None
@@ -392,6 +393,13 @@ class GAACLayer(CacheLayerMixin):
         self.tables = [tb[indices] for tb in self.tables]
         self.tails = [tl[indices] for tl in self.tails]
         self._compact()
+        self._resize_headroom()
+
+    def _resize_headroom(self) -> None:
+        # A decode step finalizes one block per row and head: the raw pool's headroom follows B.
+        b, h = self.tails[_K].shape[:2]
+        for p in self.pools:
+            p.step_blocks = b * h
 
     def crop(self, tokens_to_remove: int) -> None:
         """Drop the last ``-tokens_to_remove`` tokens (negative). transformers < 5.18 also accepts a
@@ -479,6 +487,8 @@ class GAACLayer(CacheLayerMixin):
             "tail_len": torch.full((b,), self.tail_len, dtype=torch.int32, device=dev),
             "k_base8": pk.base8, "k_base16": pk.base16, "v_base8": pv.base8, "v_base16": pv.base16,
             "geometry": self.geometry,
+            # tables keep spare capacity (they grow by doubling): size the kernel's splits by the live blocks
+            "active_blocks": max(self.num_blocks, 1),
         }
 
     # -- statistics -------------------------------------------------------------------------------
