@@ -67,17 +67,21 @@ def check(args):
     same_logits = all(torch.equal(_bits(a.to(torch.bfloat16)), _bits(b.to(torch.bfloat16))) and torch.equal(a, b)
                       for a, b in zip(ref.scores, out.scores))
     layer = next(layer for layer in cache.layers if isinstance(layer, gaac_hf.GAACLayer))
+    h = layer.tails[0].shape[1]
+    want = cache.table.base8[layer.layer_idx, 0, rank * h : (rank + 1) * h].to(layer.pools[0].base8.device)
     st = cache.stats()
     result = {
         "rank": rank, "world": world, "device": str(dev),
-        "kv_heads_local": int(layer.tails[0].shape[1]),
+        "kv_heads_local": int(h),
+        "bases_are_rank_shard": bool(torch.equal(layer.pools[0].base8, want)),
         "same_tokens": same_tokens, "same_logits": same_logits,
         "encoded_blocks": st["encoded_blocks"], "ratio": st["ratio"], "seq_length": st["seq_length"],
     }
     results = [None] * world
     dist.all_gather_object(results, result)
     if rank == 0:
-        summary = {"world": world, "all_identical": all(r["same_tokens"] and r["same_logits"] for r in results),
+        summary = {"world": world,
+                   "all_identical": all(r["same_tokens"] and r["same_logits"] and r["bases_are_rank_shard"] for r in results),
                    "ranks": results, "command": " ".join(sys.argv)}
         with open(args.out, "w") as f:
             json.dump(summary, f, indent=1)

@@ -223,6 +223,28 @@ class _BlockPool:
         return self.slots.numel() + self.raw.numel() * 2
 
 
+def _local_heads(table: CalibrationTable, heads: int, layer_idx: int) -> CalibrationTable:
+    """The table rows for the kv-heads this process holds.
+
+    Under tensor parallelism (transformers ``tp_plan="auto"``) k_proj/v_proj are split column-wise,
+    so rank r of W holds kv-heads ``[r*H/W, (r+1)*H/W)`` of every layer. The cache is built from the
+    (global) model config, so the local head count is only known from the first K/V it sees.
+    """
+    total = table.num_kv_heads
+    if heads == total:
+        return table
+    import torch.distributed as dist
+
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    if world > 1 and heads * world == total:
+        r = dist.get_rank()
+        return table.shard_heads(r * heads, (r + 1) * heads)
+    raise ValueError(
+        f"layer {layer_idx}: KV of {heads} kv-heads does not match the calibration table ({total} kv-heads"
+        + (f", {world} tensor-parallel ranks)" if world > 1 else ")")
+    )
+
+
 class GAACLayer(CacheLayerMixin):
     """Cache layer of one full-attention layer holding GAAC-compressed K and V.
 
@@ -272,13 +294,13 @@ class GAACLayer(CacheLayerMixin):
                 )
         b, h, _, d = key_states.shape
         g = self.geometry
-        if d != g.head_dim or h != self._table.num_kv_heads:
+        if d != g.head_dim:
             raise ValueError(
-                f"layer {self.layer_idx}: KV of {h} heads x head_dim {d} does not match the calibration "
-                f"table ({self._table.num_kv_heads} heads x head_dim {g.head_dim})"
+                f"layer {self.layer_idx}: KV head_dim {d} does not match the calibration table's {g.head_dim}"
             )
+        table = _local_heads(self._table, h, self.layer_idx)
         dev = self.device = key_states.device
-        self.pools = [_BlockPool(g, *self._table.bases(self.layer_idx, kind), dev, self.triton_codec, b * h)
+        self.pools = [_BlockPool(g, *table.bases(self.layer_idx, kind), dev, self.triton_codec, b * h)
                       for kind in (_K, _V)]
         # One column from the start: kernels take the full-capacity table and want max_blocks >= 1.
         self.tables = [torch.zeros(b, h, 1, dtype=torch.int32, device=dev) for _ in (_K, _V)]
