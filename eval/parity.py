@@ -140,17 +140,22 @@ def merge(paths: list[str], out: Path) -> int:
         raise SystemExit(f"cannot merge parity runs of different models: {sorted(models)}")
     tasks = {}
     for r in parts:
-        tasks.update(r["tasks"])
-    limits = {r["limit"] for r in parts}
+        for name, t in r["tasks"].items():
+            if name in tasks:
+                raise SystemExit(f"task {name!r} is in more than one run (use --tag for a second run)")
+            tasks[name] = dict(t, settings=r.get("settings"), command=r["command"])
+    per_task = {name: t.get("limit") for name, t in tasks.items()}
+    limits = set(per_task.values())
     report = {
         "model": parts[0]["model"],
         "tasks": tasks,
         "all_identical": all(r["all_identical"] for r in parts) and all(t["identical"] for t in tasks.values()),
-        "limit": limits.pop() if len(limits) == 1 else None,
+        "limit": limits.pop() if len(limits) == 1 else per_task,  # documents per task
         "task_limits": {k: v for r in parts for k, v in r.get("task_limits", {}).items()},
         "command": " ; ".join(r["command"] for r in parts),
         "complete": all(r.get("complete", False) for r in parts),
-        "settings": parts[0].get("settings"),
+        "settings": {k: v for k, v in (parts[0].get("settings") or {}).items()  # shared by all runs; per task too
+                     if all((r.get("settings") or {}).get(k) == v for r in parts)},
         "versions": parts[0].get("versions"),
         "seconds_total": max(r.get("seconds_total", 0) for r in parts),
         "merged_from": [_rel(p) for p in paths],
@@ -185,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=0,
                    help="torch CPU threads (0 = torch's default); 1 is much faster on a shared, oversubscribed CPU")
     p.add_argument("--out", default=None, help="JSON path (default eval/results/parity_<model>.json)")
+    p.add_argument("--tag", default=None, help="report tasks as '<task>@<tag>' (a second run of a task with other settings)")
     args = p.parse_args(argv)
 
     for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
@@ -220,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
             "model": args.model,
             "tasks": report_tasks,
             "all_identical": all_identical,
-            "limit": args.limit or None,
+            "limit": (args.limit or None) if not task_limits else {t: task_limits.get(t, args.limit) or None for t in tasks},
             "task_limits": task_limits,
             "command": "python eval/parity.py " + " ".join(shlex.quote(a) for a in argv),
             "complete": complete,
@@ -275,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
                 "identical": c2["identical"], "n_different": c2["n_different"], "max_abs_diff": c2["max_abs_diff"],
                 "score_unchunked": _metrics(r_pl).get(metric), "seconds": round(sec_pl, 1),
             }
-        report_tasks[task] = entry
+        report_tasks[f"{task}@{args.tag}" if args.tag else task] = entry
         all_identical &= identical
         report(complete=False)  # partial results survive an interrupted long run
         flag = "IDENTICAL" if identical else f"DIFFERENT ({cmp['n_different']} samples, max |d| {cmp['max_abs_diff']:.3g})"
