@@ -42,27 +42,27 @@ def smollm2_dir() -> Path:
     return _gguf_to_folder(*smollm2_gguf(), out)
 
 
-def load_smollm2(dtype: torch.dtype = torch.bfloat16, attn_implementation: str = "sdpa", device: str = "cpu"):
-    """(model, tokenizer) for SmolLM2-135M-Instruct, offline. model is in eval mode."""
+def _load_folder(d, dtype: torch.dtype = torch.bfloat16, attn_implementation: str = "sdpa", device: str = "cpu"):
+    """(model in eval mode, tokenizer) from a local transformers folder."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    d = smollm2_dir()
     tok = AutoTokenizer.from_pretrained(d)
     model = AutoModelForCausalLM.from_pretrained(d, dtype=dtype, attn_implementation=attn_implementation)
     return model.to(device).eval(), tok
+
+
+def load_smollm2(dtype: torch.dtype = torch.bfloat16, attn_implementation: str = "sdpa", device: str = "cpu"):
+    """(model, tokenizer) for SmolLM2-135M-Instruct, offline. model is in eval mode."""
+    return _load_folder(smollm2_dir(), dtype, attn_implementation, device)
 
 
 def load_model(name: str, **kw):
     """Load a model by short name ("smollm2") or by a local transformers folder path."""
     if name.lower() in ("smollm2", "smollm2-135m", SMOLLM2_NAME.lower()):
         return load_smollm2(**kw)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     if not Path(name).is_dir():
         raise ValueError(f"unknown model {name!r}: use 'smollm2' or a local transformers model folder")
-    dtype = kw.get("dtype", torch.bfloat16)
-    model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, attn_implementation=kw.get("attn_implementation", "sdpa"))
-    return model.to(kw.get("device", "cpu")).eval(), AutoTokenizer.from_pretrained(name)
+    return _load_folder(name, **kw)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -116,12 +116,7 @@ def gemma3_dir() -> Path:
 
 def load_gemma3(dtype: torch.dtype = torch.bfloat16, attn_implementation: str = "sdpa", device: str = "cpu"):
     """(model, tokenizer) for Gemma-3-270m (base), offline. model is in eval mode."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    d = gemma3_dir()
-    tok = AutoTokenizer.from_pretrained(d)
-    model = AutoModelForCausalLM.from_pretrained(d, dtype=dtype, attn_implementation=attn_implementation)
-    return model.to(device).eval(), tok
+    return _load_folder(gemma3_dir(), dtype, attn_implementation, device)
 
 
 def load_named_model(name: str, **kw):
