@@ -125,7 +125,7 @@ def wall_us(fn, steps):
 def run_case(model, table, B, S, dev, args):
     import gaac_hf
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    from transformers import DynamicCache
+    from transformers import DynamicCache, StaticCache
 
     g = torch.Generator(device="cpu").manual_seed(S + B)
     ids = torch.randint(0, model.config.vocab_size, (B, S), generator=g).to(dev)
@@ -144,57 +144,70 @@ def run_case(model, table, B, S, dev, args):
         return time.perf_counter() - t0
 
     def decode_fn(cache, ctx):
+        # Each call appends one token at the next position (no crop: StaticCache cannot crop, and
+        # cropping a DynamicCache adds copies of its own); the context grows by ~20 tokens in all.
         pos = torch.full((B, 1), S, device=dev, dtype=torch.long)
 
         def step():
             with torch.no_grad(), ctx():
                 model(nxt, past_key_values=cache, position_ids=pos, logits_to_keep=1)
-            # keep the context length fixed: drop the token just appended
-            cache.crop(-1)
+            pos.add_(1)
         return step
 
-    # ---- BF16 baseline: DynamicCache + SDPA (flash, cuDNN) ----
-    model.set_attn_implementation("sdpa")
-    cache = DynamicCache(config=model.config)
-    if dev.type != "cuda":  # CPU smoke run: SDPA picks its math backend
-        sdpa_kernel = lambda b: nullcontext()  # noqa: E731
-    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-        prefill(DynamicCache(config=model.config))  # warm-up (compiles nothing, primes allocator)
-        row["prefill_s_bf16"] = prefill(cache)
-    for name, backend in (("fa2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
-        step = decode_fn(cache, lambda b=backend: sdpa_kernel(b))
+    def time_steps(tag, cache, ctx):
+        step = decode_fn(cache, ctx)
         for _ in range(3):
             step()
-        row[f"step_wall_us_{name}"] = wall_us(step, args.steps)
-        row[f"step_gpu_us_{name}"] = gpu_busy_us(step, args.prof_steps)
-    del cache
-    torch.cuda.empty_cache()
+        row[f"step_wall_us_{tag}"] = wall_us(step, args.steps)
+        row[f"step_gpu_us_{tag}"] = gpu_busy_us(step, args.prof_steps)
 
-    # ---- GAAC ----
+    if dev.type != "cuda":  # CPU smoke run: SDPA picks its math backend
+        sdpa_kernel = lambda b: nullcontext()  # noqa: E731
+    flash = lambda: sdpa_kernel(SDPBackend.FLASH_ATTENTION)  # noqa: E731
+    cudnn = lambda: sdpa_kernel(SDPBackend.CUDNN_ATTENTION)  # noqa: E731
+    extra = args.steps + args.prof_steps + 8
+
+    # ---- BF16 baselines: DynamicCache (appends by torch.cat: copies the history every step) and
+    # StaticCache (preallocated, writes in place: isolates what compression itself buys) ----
+    model.set_attn_implementation("sdpa")
+    with flash():
+        prefill(DynamicCache(config=model.config))  # warm-up
+        cache = DynamicCache(config=model.config)
+        row["prefill_s_bf16"] = prefill(cache)
+    for name, ctx in (("fa2", flash), ("cudnn", cudnn)):
+        time_steps(name, cache, ctx)
+    del cache
+    torch.cuda.empty_cache() if dev.type == "cuda" else None
+    for name, ctx in (("static_fa2", flash), ("static_cudnn", cudnn)):
+        cache = StaticCache(config=model.config, max_cache_len=S + extra)
+        with flash():
+            prefill(cache)
+        time_steps(name, cache, ctx)
+        del cache
+        torch.cuda.empty_cache() if dev.type == "cuda" else None
+
+    # ---- GAAC (prefill under the same pinned SDPA backend as the BF16 prefill) ----
     gaac_hf.register()
     model.set_attn_implementation("gaac")
     try:
-        warm = gaac_hf.GAACCache(model.config, calibration=table)
-        prefill(warm)
-        del warm
-        cache = gaac_hf.GAACCache(model.config, calibration=table)
-        row["prefill_s_gaac"] = prefill(cache)
+        with flash():
+            warm = gaac_hf.GAACCache(model.config, calibration=table)
+            prefill(warm)
+            del warm
+            cache = gaac_hf.GAACCache(model.config, calibration=table)
+            row["prefill_s_gaac"] = prefill(cache)
         st = cache.stats()
         row["gaac_stats"] = {k: st[k] for k in ("resident_bytes", "bf16_bytes", "ratio", "raw_fallback_blocks", "mode_shares")}
         row["bytes"]["kv_gaac"] = st["resident_bytes"]
-        step = decode_fn(cache, nullcontext)
-        for _ in range(3):
-            step()
-        row["step_wall_us_gaac"] = wall_us(step, args.steps)
-        row["step_gpu_us_gaac"] = gpu_busy_us(step, args.prof_steps)
+        time_steps("gaac", cache, nullcontext)
         del cache
     finally:
         model.set_attn_implementation("sdpa")
-        torch.cuda.empty_cache()
+        torch.cuda.empty_cache() if dev.type == "cuda" else None
     w, kb, kg = row["bytes"]["weights"], row["bytes"]["kv_bf16"], row["bytes"]["kv_gaac"]
     row["ideal_gpu_speedup"] = (w + kb) / (w + kg)
     row["prefill_overhead"] = row["prefill_s_gaac"] / row["prefill_s_bf16"] - 1
-    for base in ("fa2", "cudnn"):
+    for base in ("fa2", "cudnn", "static_fa2", "static_cudnn"):
         row[f"speedup_wall_vs_{base}"] = row[f"step_wall_us_{base}"] / row["step_wall_us_gaac"]
         row[f"speedup_gpu_vs_{base}"] = row[f"step_gpu_us_{base}"] / row["step_gpu_us_gaac"]
     return row
@@ -242,13 +255,14 @@ def main(argv=None):
         print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items() if not isinstance(v, dict)}), flush=True)
         with open(args.out, "w") as f:
             json.dump(out, f, indent=1)
-    print(f"{'B':>2} {'ctx':>6} {'wall fa2':>9} {'cudnn':>8} {'gaac':>8} {'gpu fa2':>8} {'cudnn':>8} {'gaac':>8} {'ideal':>6} {'prefill+':>8}")
+    print(f"{'B':>2} {'ctx':>6} {'wall fa2':>9} {'cudnn':>8} {'st-cudnn':>8} {'gaac':>8} {'gpu fa2':>8} {'cudnn':>8} {'st-cudnn':>8} {'gaac':>8} {'ideal':>6} {'prefill+':>8}")
     for r in out["rows"]:
         if "error" in r:
             print(r["batch"], r["context"], r["error"][:80])
             continue
         print(f"{r['batch']:>2} {r['context']:>6} {r['step_wall_us_fa2']/1e3:>8.1f}m {r['step_wall_us_cudnn']/1e3:>7.1f}m "
-              f"{r['step_wall_us_gaac']/1e3:>7.1f}m {r['step_gpu_us_fa2']/1e3:>7.2f}m {r['step_gpu_us_cudnn']/1e3:>7.2f}m "
+              f"{r['step_wall_us_static_cudnn']/1e3:>7.1f}m {r['step_wall_us_gaac']/1e3:>7.1f}m "
+              f"{r['step_gpu_us_fa2']/1e3:>7.2f}m {r['step_gpu_us_cudnn']/1e3:>7.2f}m {r['step_gpu_us_static_cudnn']/1e3:>7.2f}m "
               f"{r['step_gpu_us_gaac']/1e3:>7.2f}m {r['ideal_gpu_speedup']:>6.3f} {100*r['prefill_overhead']:>7.1f}%")
 
 
