@@ -369,6 +369,43 @@ def _assert_layer0_equal(cache, dyn):
     assert same_bits(k, dyn.layers[0].keys) and same_bits(v, dyn.layers[0].values)
 
 
+SPECIAL_BITS = (0x0000, 0x8000, 0x7F80, 0xFF80, 0x7FC0, 0xFFC1, 0x7F81, 0x0001, 0x807F, 0x0080, 0x7F7F)
+
+
+def _with_specials(x: torch.Tensor, gen: torch.Generator, share: float) -> torch.Tensor:
+    """x with a fraction of values replaced by NaN payloads, +-Inf, +-0, subnormals and extremes."""
+    bits = x.contiguous().view(torch.int16).clone()
+    pick = torch.rand(bits.shape, generator=gen) < share
+    vals = torch.tensor(SPECIAL_BITS, dtype=torch.int32).to(torch.int16)
+    bits[pick] = vals[torch.randint(0, len(SPECIAL_BITS), (int(pick.sum()),), generator=gen)]
+    return bits.view(torch.bfloat16)
+
+
+def test_special_values_survive_the_cache_bit_for_bit(model_tok, table):
+    """Prefill + token-by-token decode with NaN/Inf/-0/subnormal K/V: blocks (compressed and raw
+    fallback) and tail return exactly the bits DynamicCache holds."""
+    model, _ = model_tok
+    g = torch.Generator().manual_seed(7)
+    cache = GAACCache(model.config, calibration=table, return_full_kv=True)
+    dyn = DynamicCache(config=model.config)
+    for step, tokens in enumerate((70, 1, 1, 30, 1)):
+        share = 0.02 if step % 2 else 0.0005  # sparse specials keep most blocks compressed
+        k = _with_specials(_windowed(table, 0, 2, tokens, g, 0.002), g, share)
+        v = _with_specials(_windowed(table, 1, 2, tokens, g, 0.002), g, share)
+        cache.update(k, v, 0)
+        dyn.update(k, v, 0)
+        _assert_layer0_equal(cache, dyn)
+    layer = cache.layers[0]
+    assert layer.num_blocks > 0
+    t = layer.geometry.block_size
+    for kind in (0, 1):
+        blocks = layer.full(kind)[:, :, : layer.num_blocks * t].unflatten(2, (layer.num_blocks, t)).float()
+        in_slot = layer.tables[kind][:, :, : layer.num_blocks] >= 0  # [B, H, blocks]: compressed, not raw
+        special = (torch.isnan(blocks) | torch.isinf(blocks) | (blocks == 0)).flatten(3).any(-1)
+        assert (special & in_slot).any(), "no special value went through an encoded slot"
+        assert (special & ~in_slot).any() or not (~in_slot).any()
+
+
 def test_reorder_select_repeat_match_dynamic_cache(model_tok, table):
     model, _ = model_tok
     cache, dyn = _filled(table, model, rows=3, tokens=77)
