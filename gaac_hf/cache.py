@@ -3,7 +3,9 @@
 Layout (per full-attention layer, per kind K/V), shapes with B = batch rows, H = kv-heads,
 T = ``geometry.block_size``, D = head_dim:
 
-* ``slots``  uint8 ``[cap_slots, slot_bytes]``: a growable pool of encoded blocks (append-only).
+* ``slots``  uint8 ``[cap_slots, slot_bytes]``: a growable pool of encoded blocks' planes (append-only),
+  with ``esc_start`` int64 ``[cap_slots]`` pointing at each block's escape stream in ``heap`` (uint8,
+  the streams at their exact lengths: format v2, ``docs/FORMAT.md``).
 * ``raw``    bf16 ``[cap_raw, T, D]``: blocks whose encoding did not fit a slot (``fits == False``).
 * ``table``  int32 ``[B, H, cap_blocks]``: block j of row b, head h is slot ``e`` if ``e >= 0`` and
   raw block ``-e - 1`` otherwise. Only ``[:, :, :num_blocks]`` is meaningful.
@@ -34,8 +36,8 @@ from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, Cache, CacheLay
 
 from . import attention as _attn
 from .calibration import CalibrationTable
-from .codec import decode_blocks, encode_blocks
-from .format import ALIGN, MODE_3BIT, MODE_4BIT, MODE_RAW, BlockGeometry
+from .codec import decode_blocks, encode_blocks, escape_lengths
+from .format import MODE_3BIT, MODE_4BIT, MODE_RAW, BlockGeometry
 
 _K, _V = 0, 1
 _REPO = Path(__file__).resolve().parents[1]
@@ -65,41 +67,58 @@ def _grow(t: torch.Tensor, rows: int, dim: int = 0) -> torch.Tensor:
 
 
 def _triton_codec(geometry: BlockGeometry, device) -> tuple | None:
-    """(encode, decode) Triton kernels for CUDA tensors, byte/bit-identical to the reference codec,
-    or None (CPU, kernels not importable, or a geometry they do not implement)."""
+    """(encode, decode, append_escapes) Triton kernels for CUDA tensors, byte/bit-identical to the
+    reference codec, or None (CPU, kernels not importable, or a geometry they do not implement)."""
     if torch.device(device).type != "cuda":
         return None
     try:
         from gaac_hf.kernels.decode import decode_blocks_triton
-        from gaac_hf.kernels.encode import _check_geometry, encode_blocks_triton
+        from gaac_hf.kernels.encode import _check_geometry, append_escapes_triton, encode_blocks_triton
 
         _check_geometry(geometry)
     except Exception:  # noqa: BLE001 - no Triton, no kernels, or an unsupported layout: reference codec
         return None
 
     def enc(x, b8, b16, g):
-        return encode_blocks_triton(x, b8, b16, g, with_tags=True)
+        # rows as wide as the escape limit: longer streams belong to raw blocks and are never stored
+        return encode_blocks_triton(x, b8, b16, g, with_tags=True, escape_width=g.escape_limit)
 
-    def dec(slots, b8, b16, g):
-        return decode_blocks_triton(slots, b8, b16, g)
+    return enc, decode_blocks_triton, append_escapes_triton
 
-    return enc, dec
+
+def _append_escapes_reference(enc, heap: torch.Tensor, used: torch.Tensor) -> torch.Tensor:
+    """Reference twin of ``kernels.encode.append_escapes_triton``: the fitting blocks' streams are
+    appended to ``heap`` in block order at ``used`` (advanced in place); returns int64 ``[N]`` starts.
+    The last heap byte is a sink for the masked-out positions (no data-dependent shapes: no sync)."""
+    lens = torch.where(enc.fits, enc.escape_len.to(torch.int64), 0)
+    ends = torch.cumsum(lens, 0) + used.reshape(())
+    start = ends - lens
+    if lens.numel():
+        k = torch.arange(enc.escapes.shape[1], device=heap.device)
+        dest = torch.where(k < lens[:, None], start[:, None] + k, heap.numel() - 1)
+        heap[dest.reshape(-1)] = enc.escapes.reshape(-1)
+        used.copy_(ends[-1].reshape(used.shape))
+    return start
 
 
 class _BlockPool:
-    """Encoded blocks of one kind (K or V) of one layer: slot pool + raw pool + running counters.
+    """Encoded blocks of one kind (K or V) of one layer: slot pool + escape heap + raw pool.
 
     base8, base16: uint8 ``[H, D]`` windows of this layer and kind. On CUDA the Triton encoder and
     decoder of ``gaac_hf.kernels`` replace the reference codec (same bytes, same bits) unless
     ``triton_codec=False``.
 
+    Storage (format v2): ``slots`` uint8 ``[cap, slot_bytes]``, one row per encoded block;
+    ``esc_start`` int64 ``[cap]``, where row e's escape stream starts in ``heap`` (uint8, the
+    streams at their exact lengths, appended in block order); ``raw`` bf16 ``[cap_raw, T, D]``.
+
     Every encoded block gets the next slot row, so slot positions never depend on the data; a block
-    that does not fit its slot (``fits == False``) also gets a raw row, at a position computed on the
-    device from the running raw count. The host keeps only an upper bound of raw rows in use
-    (``n_raw``; exact on CPU), refreshed without blocking from a pinned copy of the device count that
-    each append issues; it syncs only when that bound could overflow the raw pool (a prefill, or
-    raw fallbacks eating the headroom of ``2 * step_blocks`` rows). Decode steps thus run without
-    host syncs.
+    that does not fit (its stream is past ``geometry.escape_limit``) also gets a raw row, at a
+    position computed on the device from the running raw count. The host keeps only upper bounds of
+    raw rows and heap bytes in use (exact on CPU), refreshed without blocking from a pinned copy of
+    the device counters that each append issues; it syncs only when a bound could overflow its pool
+    (a prefill, or streams/raw fallbacks eating the headroom of ``2 * step_blocks`` blocks). Decode
+    steps thus run without host syncs.
     """
 
     def __init__(self, geometry: BlockGeometry, base8: torch.Tensor, base16: torch.Tensor, device,
@@ -108,40 +127,50 @@ class _BlockPool:
         device = torch.device(device)
         kernels = _triton_codec(geometry, device) if triton_codec else None
         self.triton = kernels is not None
-        self._encode, self._decode = kernels or (encode_blocks, partial(decode_blocks, validate=False))
+        self._encode, self._decode, self._append_escapes = kernels or (
+            encode_blocks, partial(decode_blocks, validate=False), _append_escapes_reference)
         self.base8 = base8.to(device)
         self.base16 = base16.to(device)
         # At least one row each so gathers with clamped indices are always in range. The raw pool's
-        # last row is a sink: writes of fitting blocks land there (no data-dependent shapes).
+        # last row is a sink: writes of fitting blocks land there (no data-dependent shapes); the
+        # heap's last byte likewise for the reference stream append.
         self.slots = torch.zeros(1, g.slot_bytes, dtype=torch.uint8, device=device)
+        self.esc_start = torch.zeros(1, dtype=torch.int64, device=device)
+        self.heap = torch.zeros(1, dtype=torch.uint8, device=device)
         self.raw = torch.zeros(1, g.block_size, g.head_dim, dtype=torch.bfloat16, device=device)
         self.n_slots = 0
         self.n_raw = 0  # upper bound of raw rows in use (exact on CPU)
+        self.n_heap = 0  # upper bound of heap bytes in use (exact on CPU)
         self.encoded_blocks = 0
         self.step_blocks = step_blocks
         # Device-side: groups per mode (3-bit, 4-bit, raw) over every block encoded, raw rows in use,
-        # slot rows left unused by raw fallbacks (until a compaction drops them).
-        self.counts = torch.zeros(5, dtype=torch.int64, device=device)
+        # slot rows left unused by raw fallbacks (until a compaction drops them), heap bytes in use.
+        self.counts = torch.zeros(6, dtype=torch.int64, device=device)
         self._snap = self._snap_event = None
         if device.type == "cuda":
-            self._snap = torch.zeros((), dtype=torch.int64, pin_memory=True)
+            self._snap = torch.zeros(2, dtype=torch.int64, pin_memory=True)
             self._snap_event = torch.cuda.Event()
 
     @property
     def mode_counts(self) -> torch.Tensor:
         return self.counts[:3]
 
-    def _reserve_raw(self, n: int, fits: torch.Tensor) -> tuple[int, int | None]:
-        """Make room for up to ``n`` new raw rows. Returns (new upper bound, exact count of this
-        batch's raw blocks if a sync was needed, else None)."""
+    def _reserve(self, n: int, fits: torch.Tensor, escape_len: torch.Tensor) -> tuple[int, int | None]:
+        """Make room for up to ``n`` new raw rows and ``n`` escape streams. Returns (new upper bound
+        of raw rows, exact count of this batch's raw blocks if a sync was needed, else None)."""
+        limit = self.geometry.escape_limit
         if self._snap_event is None:
-            self.n_raw = int(self.counts[3])  # CPU: reading the count costs nothing
+            self.n_raw, self.n_heap = int(self.counts[3]), int(self.counts[5])  # CPU: free to read
         elif self._snap_event.query():
-            self.n_raw = int(self._snap)  # the last append's non-blocking copy has landed
-        if self.n_raw + n <= self.raw.shape[0] - 1:
+            self.n_raw, self.n_heap = self._snap.tolist()  # the last append's non-blocking copy has landed
+        if self.n_raw + n <= self.raw.shape[0] - 1 and self.n_heap + n * limit <= self.heap.shape[0] - 1:
+            self.n_heap += n * limit
             return self.n_raw + n, None
-        cur, new = torch.stack([self.counts[3], (~fits).sum()]).tolist()  # the rare sync
+        lens = torch.where(fits, escape_len.to(torch.int64), 0).sum()
+        cur, new, used, add = torch.stack([self.counts[3], (~fits).sum(), self.counts[5], lens]).tolist()  # the rare sync
         self.raw = _grow(self.raw, cur + new + 2 * self.step_blocks + 1)
+        self.heap = _grow(self.heap, used + add + 2 * self.step_blocks * limit + 1)
+        self.n_heap = used + add
         return cur + new, new
 
     def append(self, blocks: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
@@ -153,23 +182,28 @@ class _BlockPool:
         enc = self._encode(blocks, self.base8[heads], self.base16[heads], self.geometry)
         fits = enc.fits
         nfit = ~fits
-        ub, new = self._reserve_raw(n, fits)
+        ub, new = self._reserve(n, fits, enc.escape_len)
+        start = self._append_escapes(enc, self.heap, self.counts[5:6])  # int64 [N]; streams of fitting blocks
         raw_pos = self.counts[3] + torch.cumsum(nfit, 0) - 1  # int64 [N], valid where ~fits
         if new is None:
             # No sync (decode steps): every block takes the next slot row, a raw fallback's row stays
             # unused; every block is copied to the raw pool, fitting ones into the sink row.
             self.slots = _grow(self.slots, s0 + n)
+            self.esc_start = _grow(self.esc_start, s0 + n)
             self.slots[s0 : s0 + n] = enc.slots
+            self.esc_start[s0 : s0 + n] = start
             slot_pos = torch.arange(s0, s0 + n, device=fits.device)
             sink = torch.full_like(raw_pos, self.raw.shape[0] - 1)
             self.raw.index_copy_(0, torch.where(fits, sink, raw_pos), blocks)
             self.counts[4] += nfit.sum()
             self.n_slots = s0 + n
         else:
-            # Synced anyway (prefill, or the raw headroom ran out): store compactly.
+            # Synced anyway (prefill, or the headroom ran out): store compactly.
             n_fit = n - new
             self.slots = _grow(self.slots, s0 + n_fit)
+            self.esc_start = _grow(self.esc_start, s0 + n_fit)
             self.slots[s0 : s0 + n_fit] = enc.slots if new == 0 else enc.slots[fits]
+            self.esc_start[s0 : s0 + n_fit] = start if new == 0 else start[fits]
             slot_pos = s0 + torch.cumsum(fits, 0) - 1
             if new:
                 self.raw[ub - new : ub] = blocks[nfit]
@@ -180,7 +214,7 @@ class _BlockPool:
         modes = torch.arange(3, device=enc.tags.device, dtype=enc.tags.dtype)
         self.counts[:3] += (enc.tags.reshape(-1, 1) == modes).sum(0)
         if self._snap is not None:
-            self._snap.copy_(self.counts[3], non_blocking=True)
+            self._snap.copy_(self.counts[3::2], non_blocking=True)  # raw rows, heap bytes
             self._snap_event.record()
         self.n_raw = ub
         self.encoded_blocks += n
@@ -193,15 +227,15 @@ class _BlockPool:
             return torch.empty(0, g.block_size, g.head_dim, dtype=torch.bfloat16, device=self.slots.device)
         e = entries.to(torch.int64)
         # Raw entries decode a slot row too (discarded below): no data-dependent shapes, no syncs.
-        out = self._decode(self.slots[e.clamp(min=0)], self.base8[heads], self.base16[heads], g)
+        s = e.clamp(min=0)
+        out = self._decode(self.slots[s], (self.heap, self.esc_start[s]), self.base8[heads], self.base16[heads], g)
         if self.n_raw:
             out = torch.where((e < 0)[:, None, None], self.raw[(-e - 1).clamp(min=0)], out)
         return out
 
     def compact(self, live: torch.Tensor) -> torch.Tensor:
-        """Drop pool rows that no table references. ``live``: int entries in use (any shape).
-
-        Returns ``live`` renumbered into the compacted pools (same shape, int32).
+        """Drop pool rows and escape streams that no table references. ``live``: int entries in use
+        (any shape). Returns ``live`` renumbered into the compacted pools (same shape, int32).
         Host syncs (torch.unique); only called from rare operations (batch selection, crop).
         """
         flat = live.reshape(-1).to(torch.int64)
@@ -211,16 +245,28 @@ class _BlockPool:
         s_map[s_used] = torch.arange(s_used.numel(), device=flat.device)
         r_map = torch.full((max(self.n_raw, 1),), -1, dtype=torch.int64, device=flat.device)
         r_map[r_used] = torch.arange(r_used.numel(), device=flat.device)
+        # the kept slots' streams, repacked in slot order (lengths follow from the tag planes)
+        lens = escape_lengths(self.slots[s_used], self.geometry)
+        new_start = torch.cumsum(lens, 0) - lens
+        total = int(lens.sum())
+        owner = torch.repeat_interleave(torch.arange(s_used.numel(), device=flat.device), lens)
+        src = self.esc_start[s_used][owner] + torch.arange(total, device=flat.device) - new_start[owner]
+        heap = torch.zeros(total + 2 * self.step_blocks * self.geometry.escape_limit + 1, dtype=torch.uint8,
+                           device=flat.device)
+        heap[:total] = self.heap[src]
+        self.heap = heap
+        self.esc_start = new_start if s_used.numel() else self.esc_start[:1].clone()
         self.slots = self.slots[s_used] if s_used.numel() else self.slots[:1].clone()
         self.raw = torch.cat([self.raw[r_used], self.raw[-1:]])  # keeps the sink row last
-        self.n_slots, self.n_raw = int(s_used.numel()), int(r_used.numel())
+        self.n_slots, self.n_raw, self.n_heap = int(s_used.numel()), int(r_used.numel()), total
         self.counts[3] = self.n_raw
         self.counts[4] = 0
+        self.counts[5] = total
         new = torch.where(flat >= 0, s_map[flat.clamp(min=0)], -r_map[(-flat - 1).clamp(min=0)] - 1)
         return new.to(torch.int32).reshape(live.shape)
 
     def allocated_bytes(self) -> int:
-        return self.slots.numel() + self.raw.numel() * 2
+        return self.slots.numel() + self.esc_start.numel() * 8 + self.heap.numel() + self.raw.numel() * 2
 
 
 def _local_heads(table: CalibrationTable, heads: int, layer_idx: int) -> CalibrationTable:
@@ -502,7 +548,8 @@ class GAACLayer(CacheLayerMixin):
         b = self.tails[_K].shape[0]
         dev = self.device
         return {
-            "k_slots": pk.slots, "v_slots": pv.slots, "k_raw": pk.raw, "v_raw": pv.raw,
+            "k_slots": pk.slots, "v_slots": pv.slots, "k_heap": pk.heap, "v_heap": pv.heap,
+            "k_esc_start": pk.esc_start, "v_esc_start": pv.esc_start, "k_raw": pk.raw, "v_raw": pv.raw,
             "k_table": self.tables[_K], "v_table": self.tables[_V],
             "k_tail": self.tails[_K], "v_tail": self.tails[_V],
             "num_blocks": torch.full((b,), self.num_blocks, dtype=torch.int32, device=dev),
@@ -515,9 +562,9 @@ class GAACLayer(CacheLayerMixin):
 
     # -- statistics -------------------------------------------------------------------------------
     def _stats(self) -> dict:
-        """Host-side byte counts plus the pools' device counters (``counts`` [2, 4], not synced here)."""
+        """Host-side byte counts plus the pools' device counters (``counts`` [2, 6], not synced here)."""
         if not self.is_initialized:
-            z = torch.zeros(5, dtype=torch.int64)
+            z = torch.zeros(6, dtype=torch.int64)
             return {"fixed": 0, "slot_rows": 0, "bf16": 0, "allocated": 0, "counts": [z, z], "encoded": 0,
                     "tail_tokens": 0, "tokens": 0}
         b, h = self.tails[_K].shape[:2]
@@ -576,8 +623,7 @@ class GAACCache(Cache):
             live to decide whether update() returns full K/V or a tail carrier).
         calibration: a :class:`~gaac_hf.calibration.CalibrationTable` or a path to one. It must fit
             the model (``table.check_model``), else ValueError.
-        block_size, escape_capacity: override the table's block geometry (the windows do not depend
-            on it). Changing only the block size scales the escape capacity with the block.
+        block_size: override the table's block size (the windows do not depend on it).
         return_full_kv: None (default) = automatic from the config; True = always return full K/V
             (any attention function works); False = always return the tail carrier.
         fused: let GAAC attention use the fused Triton decode kernel on CUDA for q_len == 1
@@ -592,18 +638,13 @@ class GAACCache(Cache):
     """
 
     def __init__(self, config, calibration=None, *, block_size: int | None = None,
-                 escape_capacity: int | None = None, return_full_kv: bool | None = None,
+                 return_full_kv: bool | None = None,
                  fused: bool = True, triton_codec: bool = True) -> None:
         table = _resolve_table(calibration)
         table.check_model(config)
         text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
         g = table.geometry
-        if block_size is not None and escape_capacity is None and block_size != g.block_size:
-            escape_capacity = -(-g.escape_capacity * block_size // (g.block_size * ALIGN)) * ALIGN
-        geometry = dataclasses.replace(
-            g, block_size=block_size or g.block_size,
-            escape_capacity=g.escape_capacity if escape_capacity is None else escape_capacity,
-        )
+        geometry = dataclasses.replace(g, block_size=block_size or g.block_size)
         self.geometry = geometry
         self.table = table
         types, kwargs = _layer_types_and_kwargs(text)
@@ -639,27 +680,32 @@ class GAACCache(Cache):
         Byte counts are host-side integers; the mode and raw-row counters live on the device and
         are synced once, here. Keys:
 
-        - ``resident_bytes``: bytes of the GAAC layers' data (slot rows, raw rows, block tables,
-          tails); ``bf16_bytes``: what a BF16 DynamicCache would hold for the same layers
+        - ``resident_bytes``: bytes of the GAAC layers' data (slot rows with their escape-stream
+          offsets, escape streams, raw rows, block tables, tails); ``bf16_bytes``: what a BF16 DynamicCache would hold for the same layers
           and tokens; ``ratio`` = bf16/resident, ``savings`` = 1 - resident/bf16.
         - ``allocated_bytes``: pool capacity actually reserved (pools grow by doubling).
         - ``stock_layer_bytes``: uncompressed layers kept stock (sliding window etc.).
         - ``mode_shares`` (and ``_k``/``_v``): fraction of encoded groups in 3-bit / 4-bit / raw mode.
         - ``raw_fallback_blocks`` (raw rows held), ``stored_blocks`` (distinct blocks held),
           ``slot_rows`` (slot rows held: every encoded block takes one, a raw fallback's stays
-          unused until a compaction drops it), ``encoded_blocks`` (encoded since creation);
+          unused until a compaction drops it), ``escape_bytes`` (escape heap bytes in use),
+          ``encoded_blocks`` (encoded since creation);
           ``tail_tokens``, ``seq_length`` (of the first GAAC layer).
         """
         gaac = [(i, layer) for i, layer in enumerate(self.layers) if isinstance(layer, GAACLayer)]
         per = [(i, layer._stats()) for i, layer in gaac]
         dev = next((c.device for _, s in per for c in s["counts"] if c.device.type != "cpu"), torch.device("cpu"))
-        counts = torch.stack([torch.stack([c.to(dev) for c in s["counts"]]) for _, s in per]).cpu()  # [L, 2, 5]: one sync
+        counts = torch.stack([torch.stack([c.to(dev) for c in s["counts"]]) for _, s in per]).cpu()  # [L, 2, 6]: one sync
         modes, raw_rows, orphans = counts[..., :3], counts[..., 3].sum(1), counts[..., 4].sum(1)  # [L, 2, 3], [L], [L]
+        heap_bytes = counts[..., 5].sum(1)  # [L]
         g = self.geometry
         for j, (_, s) in enumerate(per):
             s["raw_blocks"] = int(raw_rows[j])
             s["blocks"] = s["slot_rows"] - int(orphans[j]) + s["raw_blocks"]
-            s["resident"] = s["fixed"] + s["slot_rows"] * g.slot_bytes + s["raw_blocks"] * g.raw_bytes
+            s["escape_bytes"] = int(heap_bytes[j])
+            # a slot row costs its planes and its 8-byte esc_start; streams at their exact length
+            s["resident"] = (s["fixed"] + s["slot_rows"] * (g.slot_bytes + 8) + s["escape_bytes"]
+                             + s["raw_blocks"] * g.raw_bytes)
 
         def shares(c: torch.Tensor) -> dict:
             tot = max(int(c.sum()), 1)
@@ -686,6 +732,7 @@ class GAACCache(Cache):
             "raw_fallback_blocks": sum(s["raw_blocks"] for _, s in per),
             "stored_blocks": sum(s["blocks"] for _, s in per),
             "slot_rows": sum(s["slot_rows"] for _, s in per),
+            "escape_bytes": sum(s["escape_bytes"] for _, s in per),
             "encoded_blocks": sum(s["encoded"] for _, s in per),
             "tail_tokens": per[0][1]["tail_tokens"],
             "seq_length": per[0][1]["tokens"],

@@ -101,7 +101,7 @@ class CalibrationTable:
 
     base8, base16: uint8 ``[L, 2, Hkv, D]`` (L = all decoder layers; rows of layers that are not
         compressed, e.g. sliding-window layers, are present but unused).
-    geometry: the block format the windows (and escape capacity) were tuned for.
+    geometry: the block format the windows were measured for.
     meta: JSON-able provenance: ``model_name``, ``fingerprint``, ``kv_shape`` (see
         :func:`model_kv_shape`), ``text``, ``context``, ``tokens``, ``date``, statistics...
     """
@@ -200,20 +200,45 @@ class CalibrationTable:
             raise ValueError(f"{path} is not a GAAC calibration table (missing 'gaac' header or base tensors)")
         header = json.loads(md["gaac"])
         if header.get("format_version") != FORMAT_VERSION:
+            hint = f"; convert it with gaac_hf.calibration.upgrade_table_file({str(path)!r})" if header.get("format_version") == 1 else ""
             raise ValueError(
-                f"{path} has GAAC format version {header.get('format_version')}; this gaac-hf reads {FORMAT_VERSION}"
+                f"{path} has GAAC format version {header.get('format_version')}; this gaac-hf reads {FORMAT_VERSION}{hint}"
             )
         geometry = BlockGeometry.from_dict(header["geometry"])
         return cls(tensors["base8"].to(device), tensors["base16"].to(device), geometry, header.get("meta", {}))
 
 
+def upgrade_table_file(path: str | Path, out: str | Path | None = None) -> Path:
+    """Rewrite a format-version-1 table file as version 2 (in place unless ``out`` is given).
+
+    Version 2 moved escape bytes out of fixed-capacity slots into an escape heap; the windows
+    (``base8``/``base16``) mean the same in both versions and are kept bit for bit. The v1 escape
+    capacity is recorded under ``meta["upgraded_from"]``. A v2 file is returned unchanged.
+    """
+    from safetensors import safe_open
+
+    path = Path(path)
+    with safe_open(str(path), framework="pt") as f:
+        header = json.loads((f.metadata() or {})["gaac"])
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    version = header.get("format_version")
+    if version == FORMAT_VERSION:
+        return path
+    if version != 1:
+        raise ValueError(f"{path}: cannot upgrade GAAC format version {version}")
+    g = dict(header["geometry"])
+    old_cap = g.pop("escape_capacity", None)
+    geometry = BlockGeometry.from_dict(g | {"format_version": FORMAT_VERSION})
+    meta = dict(header.get("meta", {}))
+    meta.pop("escape_capacity", None)
+    meta["upgraded_from"] = {"format_version": 1, "escape_capacity": old_cap}
+    return CalibrationTable(tensors["base8"], tensors["base16"], geometry, meta).save(out or path)
+
+
 # ---------------------------------------------------------------------------------------------
-# group modes, escape capacity and mode statistics
+# group modes, escape statistics and mode statistics
 # ---------------------------------------------------------------------------------------------
 MODE_NAMES = ("3bit", "4bit", "raw")
-
-#: Default quantile of escape bytes per block that the slot's escape capacity must hold.
-ESCAPE_QUANTILE = 0.999
 
 
 def block_tags(exponent: torch.Tensor, base8: torch.Tensor, base16: torch.Tensor, geometry: BlockGeometry) -> torch.Tensor:
@@ -247,24 +272,6 @@ def escape_bytes(tags: torch.Tensor) -> torch.Tensor:
     from .format import ESCAPE_BYTES
 
     return torch.tensor(ESCAPE_BYTES, dtype=torch.int64, device=tags.device)[tags].sum(-1)
-
-
-def choose_escape_capacity(esc_per_block: torch.Tensor, geometry: BlockGeometry, quantile: float = ESCAPE_QUANTILE) -> int:
-    """The escape capacity of a slot: the ``quantile`` of escape bytes per block, rounded up to 16.
-
-    With the default 0.999, about one block in a thousand (or fewer) overflows its slot and is stored
-    raw on data like the calibration text: a raw block costs ~2,300 bytes more than a slot at
-    head_dim 64, while each 16 bytes of capacity costs 16 bytes on every block, so rare fallbacks are
-    also close to the byte optimum. At least 16 (one aligned vector), at most the all-raw worst case.
-    """
-    from .format import ALIGN
-
-    if esc_per_block.numel() == 0:
-        raise ValueError("no blocks to choose an escape capacity from")
-    q = torch.quantile(esc_per_block.double().flatten(), quantile, interpolation="higher").item()
-    cap = -(-int(q) // ALIGN) * ALIGN
-    worst = -(-geometry.max_escape_bytes // ALIGN) * ALIGN
-    return int(min(max(cap, ALIGN), worst))
 
 
 def _shares(counts: torch.Tensor) -> dict:
@@ -369,7 +376,6 @@ def calibrate(
     text_name: str | None = None,
     model_name: str | None = None,
     stats_tokens: int | None = None,
-    escape_quantile: float = ESCAPE_QUANTILE,
     position_ranges: list[tuple[int, int]] | None = None,
     batch_size: int = 1,
     progress: bool = True,
@@ -381,11 +387,10 @@ def calibrate(
        exponents of every (layer, K/V, kv-head, channel) over all chunks.
     2. :func:`choose_windows` picks each channel's 8- and 16-window.
     3. On the first ``stats_tokens`` tokens (default ``max(context, 32768)``) the group modes under
-       those windows give the escape bytes per block; :func:`choose_escape_capacity` sets the slot's
-       escape capacity to their ``escape_quantile`` rounded up to 16 bytes.
+       those windows give the escape bytes per block and the expected compression ratio.
     4. ``meta`` records the model (name, fingerprint, kv_shape), the text (name, sha256, tokens),
-       context, date, the capacity rule and its statistics, mode shares overall / per layer / per
-       position range, and window coverage per position range (over all tokens).
+       context, date, escape statistics, mode shares overall / per layer / per position range, and
+       window coverage per position range (over all tokens).
 
     Keys are post-RoPE: calibrate with ``context`` at the deployment length. ``full_cache``: also
     calibrate sliding-window layers on every position (see :func:`gaac_hf.collect.run_chunks`).
@@ -393,7 +398,7 @@ def calibrate(
     from .collect import collect_kv_stats, default_position_ranges
 
     head_dim = model_kv_shape(model.config)["head_dim"]
-    BlockGeometry(block_size=block_size, head_dim=head_dim, escape_capacity=0, group_axis=group_axis)  # validate early
+    BlockGeometry(block_size=block_size, head_dim=head_dim, group_axis=group_axis)  # validate early
     if position_ranges is None:
         position_ranges = default_position_ranges(context)
     stats = collect_kv_stats(
@@ -414,7 +419,6 @@ def calibrate(
         stats,
         block_size=block_size,
         group_axis=group_axis,
-        escape_quantile=escape_quantile,
         model_name=model_name or getattr(model.config, "_name_or_path", None),
         text=text,
         text_name=text_name,
@@ -427,7 +431,6 @@ def table_from_stats(
     *,
     block_size: int = 64,
     group_axis: str = "channel",
-    escape_quantile: float = ESCAPE_QUANTILE,
     model_name: str | None = None,
     text: str | None = None,
     text_name: str | None = None,
@@ -440,13 +443,12 @@ def table_from_stats(
 
     shape = model_kv_shape(config)
     if not stats.exponents:
-        raise ValueError("the stats keep no exponent sample (keep_tokens=0): cannot choose an escape capacity")
+        raise ValueError("the stats keep no exponent sample (keep_tokens=0): cannot measure escape statistics")
     base8, base16 = choose_windows(stats.hist)
-    probe = BlockGeometry(block_size=block_size, head_dim=shape["head_dim"], escape_capacity=0, group_axis=group_axis)
+    geometry = BlockGeometry(block_size=block_size, head_dim=shape["head_dim"], group_axis=group_axis)
+    probe = geometry
     ms = mode_statistics(stats.exponents, base8, base16, probe, stats.position_ranges, stats.layer_lengths)
     esc = ms["escape_bytes"]
-    cap = choose_escape_capacity(esc, probe, escape_quantile)
-    geometry = BlockGeometry(block_size=block_size, head_dim=shape["head_dim"], escape_capacity=cap, group_axis=group_axis)
 
     mc = ms["mode_counts"]
     coverage = window_coverage(stats.range_hist, base8, base16) if stats.range_hist is not None else []
@@ -477,10 +479,8 @@ def table_from_stats(
         "chunks": stats.chunks,
         "tokens": stats.tokens,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "escape_capacity": {
-            "bytes": cap,
-            "rule": f"quantile {escape_quantile} of escape bytes per block on the calibration sample, rounded up to 16 (>= 16)",
-            "quantile": escape_quantile,
+        "escapes": {
+            "escape_limit": geometry.escape_limit,
             "blocks": int(esc.numel()),
             "escape_bytes_per_block": {
                 "mean": round(escf.mean().item(), 3),
@@ -489,7 +489,9 @@ def table_from_stats(
                 "p999": int(torch.quantile(escf, 0.999).item()),
                 "max": int(esc.max().item()),
             },
-            "raw_fallback_share": round(float((esc > cap).double().mean()), 6),
+            "raw_fallback_share": round(float((esc > geometry.escape_limit).double().mean()), 6),
+            # BF16 bytes / (slot + escape stream) over the sample, before per-block bookkeeping
+            "ratio_estimate": round(2 * geometry.numel * esc.numel() / (geometry.slot_bytes * esc.numel() + float(escf.sum())), 5),
         },
         "stats_tokens": stats.kept_tokens,
         "mode_shares": {

@@ -56,8 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--block-size", type=int, default=64, help="tokens per block (default 64)")
     ap.add_argument("--group-axis", choices=("channel", "token"), default="channel", help="groups of 8 along channels (default) or tokens")
     ap.add_argument("--max-tokens", type=int, default=None, help="use at most this many tokens of the text (whole contexts)")
-    ap.add_argument("--stats-tokens", type=int, default=None, help="tokens sampled for mode statistics and the escape capacity (default max(context, 32768))")
-    ap.add_argument("--escape-quantile", type=float, default=0.999, help="escape capacity = this quantile of escape bytes per block, rounded up to 16")
+    ap.add_argument("--stats-tokens", type=int, default=None, help="tokens sampled for mode and escape statistics (default max(context, 32768))")
     ap.add_argument("--batch-size", type=int, default=1, help="contexts per forward")
     ap.add_argument("--full-cache", action="store_true", help="keep every token of sliding-window layers too (their windows are then calibrated on all positions)")
     ap.add_argument("--out", default=None, help="output table (default: calibration_data/<model>.safetensors)")
@@ -85,7 +84,6 @@ def main(argv: list[str] | None = None) -> int:
         text_name=text_name,
         model_name=name,
         stats_tokens=args.stats_tokens,
-        escape_quantile=args.escape_quantile,
         batch_size=args.batch_size,
         progress=not args.quiet,
         full_cache=args.full_cache,
@@ -97,11 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     m = table.meta
     print(f"model {m['model_name']} (fingerprint {m['fingerprint']}), {m['tokens']} tokens of {m['text']['name']} in {m['chunks']} x {m['context']}")
     g = table.geometry
-    e = m["escape_capacity"]
+    e = m["escapes"]
     print(
-        f"geometry: block {g.block_size} x {g.head_dim}, groups along {g.group_axis}, escape capacity {g.escape_capacity} B "
-        f"(escape bytes per block: mean {e['escape_bytes_per_block']['mean']}, p99.9 {e['escape_bytes_per_block']['p999']}; "
-        f"raw-fallback blocks {100 * e['raw_fallback_share']:.3f}%), slot {g.slot_bytes} B vs {g.raw_bytes} B raw"
+        f"geometry: block {g.block_size} x {g.head_dim}, groups along {g.group_axis}: slot {g.slot_bytes} B + escape "
+        f"stream (per block: mean {e['escape_bytes_per_block']['mean']} B, p99.9 {e['escape_bytes_per_block']['p999']} B; "
+        f"raw-fallback blocks {100 * e['raw_fallback_share']:.3f}%) vs {g.raw_bytes} B raw; ratio ~{e['ratio_estimate']:.4f}x"
     )
     for kind in ("K", "V"):
         s = m["mode_shares"][kind]

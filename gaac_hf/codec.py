@@ -1,7 +1,8 @@
 """Reference GAAC codec in PyTorch: the executable spec of ``docs/FORMAT.md``.
 
 Lossless contract: for every BF16 bit pattern (NaN payloads, +-Inf, +-0, subnormals included),
-``decode_blocks(encode_blocks(x).slots)`` returns the same 16 bits. Nothing here loops over elements
+``decode_blocks(enc.slots, enc.escapes, ...)`` with ``enc = encode_blocks(x, ...)`` returns the same
+16 bits (for every block with ``enc.fits``; the others are stored raw). Nothing here loops over elements
 or groups in Python; it runs on any device torch runs on and is what the Triton kernels in
 ``gaac_hf.kernels`` must match byte for byte (encoder) and bit for bit (decoder).
 
@@ -101,14 +102,19 @@ def join_bf16(exponent: torch.Tensor, sm: torch.Tensor) -> torch.Tensor:
 class EncodedBlocks:
     """Output of :func:`encode_blocks`.
 
-    slots:       uint8 ``[N, geometry.slot_bytes]``; valid only where ``fits``.
-    escape_len:  int32 ``[N]`` escape bytes each block needs (may exceed the capacity).
-    fits:        bool ``[N]``; False -> the block overflows its slot and must be stored raw.
+    slots:       uint8 ``[N, geometry.slot_bytes]``: the fixed-size planes of each block.
+    escapes:     uint8 ``[N, geometry.max_escape_bytes]``: row i holds block i's escape stream in its
+                 first ``escape_len[i]`` bytes, zeros after (:func:`pack_escapes` turns the rows
+                 into an escape heap).
+    escape_len:  int32 ``[N]`` length of each block's escape stream.
+    fits:        bool ``[N]``: ``escape_len <= geometry.escape_limit``. False -> coding the block
+                 would not save bytes; it must be stored raw.
     tags:        int32 ``[N, rows, cols/8]`` mode per group (for statistics; not part of a slot's
                  identity beyond the packed tag plane).
     """
 
     slots: torch.Tensor
+    escapes: torch.Tensor
     escape_len: torch.Tensor
     fits: torch.Tensor
     tags: torch.Tensor
@@ -117,7 +123,7 @@ class EncodedBlocks:
 def encode_blocks(
     x: torch.Tensor, base8: torch.Tensor, base16: torch.Tensor, geometry: BlockGeometry
 ) -> EncodedBlocks:
-    """Encode N blocks into fixed-capacity slots.
+    """Encode N blocks into slots and escape streams.
 
     Args:
         x: BF16 ``[N, T, D]`` with T = geometry.block_size, D = geometry.head_dim.
@@ -125,8 +131,8 @@ def encode_blocks(
             16-window (from a :class:`~gaac_hf.calibration.CalibrationTable`).
         geometry: the block format.
     Returns:
-        :class:`EncodedBlocks`. Bytes of a slot past its escape length are zero, so a slot is a
-        deterministic function of the block.
+        :class:`EncodedBlocks`. Every byte of a slot is written and escape rows are zero past the
+        stream, so both are deterministic functions of the block.
     """
     if not isinstance(x, torch.Tensor) or x.dtype != torch.bfloat16:
         raise TypeError(f"GAAC encodes bfloat16 tensors, got {getattr(x, 'dtype', type(x))}")
@@ -139,7 +145,8 @@ def encode_blocks(
     if n == 0:
         z = torch.zeros(0, dtype=torch.int32, device=dev)
         return EncodedBlocks(
-            torch.zeros(0, geometry.slot_bytes, dtype=torch.uint8, device=dev), z, z.bool(),
+            torch.zeros(0, geometry.slot_bytes, dtype=torch.uint8, device=dev),
+            torch.zeros(0, geometry.max_escape_bytes, dtype=torch.uint8, device=dev), z, z.bool(),
             torch.zeros(0, geometry.rows, geometry.cols // GROUP, dtype=torch.int32, device=dev),
         )
     b8 = _check_bases(base8, n, geometry, "base8").unsqueeze(1)  # [N, 1, D]
@@ -169,8 +176,7 @@ def encode_blocks(
     esc = torch.zeros(n, sink + 1, dtype=torch.int32, device=dev)
     esc.scatter_(1, dest, planes.reshape(n, -1))
 
-    cap = geometry.escape_capacity
-    fits = escape_len <= cap
+    fits = escape_len <= geometry.escape_limit
     slots = torch.zeros(n, geometry.slot_bytes, dtype=torch.uint8, device=dev)
 
     def put(offset: int, plane: torch.Tensor) -> None:
@@ -182,23 +188,68 @@ def encode_blocks(
     put(geometry.lo2_offset, _pack((code & 3).reshape(n, -1), 2))
     put(geometry.hi1_offset, _pack((code >> 2).reshape(n, -1), 1))
     put(geometry.tag_offset, _pack(tags.reshape(n, -1), 2))
-    # Blocks that do not fit keep only the escape bytes that fit; they are flagged, not decoded.
-    put(geometry.esc_offset, esc[:, :cap])
-    return EncodedBlocks(slots=slots, escape_len=escape_len, fits=fits, tags=tags)
+    escapes = esc[:, :sink].to(torch.uint8)
+    return EncodedBlocks(slots=slots, escapes=escapes, escape_len=escape_len, fits=fits, tags=tags)
+
+
+# ---------------------------------------------------------------------------------------------
+# the escape heap
+# ---------------------------------------------------------------------------------------------
+def pack_escapes(escapes: torch.Tensor, escape_len: torch.Tensor, start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Escape rows -> an escape heap: the streams concatenated in block order.
+
+    Args:
+        escapes: uint8 ``[N, W]`` (row i's stream in its first ``escape_len[i]`` bytes).
+        escape_len: int ``[N]``.
+        start: heap offset of the first stream (appending to a heap that holds ``start`` bytes).
+    Returns:
+        (heap uint8 ``[sum(escape_len)]``, esc_start int64 ``[N]``: offset of each stream, from ``start``).
+    """
+    lens = escape_len.to(torch.int64)
+    offs = torch.cumsum(lens, 0) - lens
+    k = torch.arange(escapes.shape[1], device=escapes.device)
+    keep = k < lens[:, None]
+    return escapes[keep], offs + start
+
+
+def escape_lengths(slots: torch.Tensor, geometry: BlockGeometry) -> torch.Tensor:
+    """Escape-stream length of each slot, from its tag plane: uint8 ``[N, slot_bytes]`` -> int64 ``[N]``."""
+    tags = _unpack(slots[:, geometry.tag_offset : geometry.tag_offset + geometry.tag_bytes], 2, geometry.groups)
+    return torch.tensor(ESCAPE_BYTES, device=slots.device, dtype=torch.int64)[tags.long()].sum(-1)
+
+
+def _escape_source(escapes, n: int, dev) -> tuple[torch.Tensor, torch.Tensor]:
+    """(heap, esc_start) from either form :func:`decode_blocks` accepts."""
+    if isinstance(escapes, (tuple, list)):
+        heap, start = escapes
+        if heap.dtype != torch.uint8 or heap.dim() != 1:
+            raise ValueError(f"escape heap must be uint8 [M], got {heap.dtype} {tuple(heap.shape)}")
+        if start.dim() != 1 or start.shape[0] != n or start.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"esc_start must be int [{n}], got {start.dtype} {tuple(start.shape)}")
+        return heap.to(dev), start.to(dev, torch.int64)
+    if not isinstance(escapes, torch.Tensor) or escapes.dtype != torch.uint8 or escapes.dim() != 2 or escapes.shape[0] != n:
+        raise ValueError(f"escapes must be uint8 [{n}, W] rows or a (heap, esc_start) pair, got {getattr(escapes, 'shape', type(escapes))}")
+    w = escapes.shape[1]
+    return escapes.reshape(-1).to(dev), torch.arange(n, device=dev, dtype=torch.int64) * w
 
 
 # ---------------------------------------------------------------------------------------------
 # decode
 # ---------------------------------------------------------------------------------------------
 def decode_blocks(
-    slots: torch.Tensor, base8: torch.Tensor, base16: torch.Tensor, geometry: BlockGeometry, *, validate: bool = True
+    slots: torch.Tensor, escapes, base8: torch.Tensor, base16: torch.Tensor, geometry: BlockGeometry, *,
+    validate: bool = True,
 ) -> torch.Tensor:
-    """Decode fitting slots back to BF16.
+    """Decode slots and their escape streams back to BF16.
 
     Args:
         slots: uint8 ``[N, geometry.slot_bytes]`` written by :func:`encode_blocks` (fits == True).
+        escapes: the blocks' escape streams, either uint8 rows ``[N, W]`` (row i starts with block
+            i's stream, e.g. ``EncodedBlocks.escapes``) or a pair ``(heap uint8 [M], esc_start int
+            [N])`` with block i's stream at ``heap[esc_start[i]:]`` (see :func:`pack_escapes`).
         base8, base16: uint8 ``[D]`` or ``[N, D]``, the bases they were encoded with.
-        validate: check for reserved tags and escape overflow (one host sync). Kernels skip it.
+        validate: check for reserved tags and streams running past the heap (one host sync).
+            Without it such reads return 0, as the kernels do.
     Returns:
         BF16 ``[N, T, D]`` with the exact bits that were encoded.
     """
@@ -221,19 +272,20 @@ def decode_blocks(
     code = code.reshape(n, rows, cols)
     tags = _unpack(plane(geometry.tag_offset, geometry.tag_bytes), 2, geometry.groups).reshape(n, rows, groups)
 
-    count = torch.tensor(ESCAPE_BYTES, device=dev, dtype=torch.int32)[tags].reshape(n, -1)
-    start = torch.cumsum(count, -1, dtype=torch.int32) - count
+    heap, esc_start = _escape_source(escapes, n, dev)
+    count = torch.tensor(ESCAPE_BYTES, device=dev, dtype=torch.int64)[tags].reshape(n, -1)
+    start = torch.cumsum(count, -1) - count + esc_start[:, None]  # heap offset of each group's stream
     if validate:
         if bool((tags == MODE_RESERVED).any()):
             raise ValueError("corrupt GAAC slot: reserved mode tag 3")
-        if bool((count.sum(-1) > geometry.escape_capacity).any()):
-            raise ValueError("corrupt GAAC slot: escape bytes exceed the slot's capacity (a raw block?)")
-    cap = geometry.escape_capacity
-    esc = torch.zeros(n, cap + 1, dtype=torch.int32, device=dev)
-    esc[:, :cap] = slots[:, geometry.esc_offset : geometry.esc_offset + cap].to(torch.int32)
-    k = torch.arange(_MAX_ESC, device=dev, dtype=torch.int32)
-    idx = torch.where(k < count.unsqueeze(-1), start.unsqueeze(-1) + k, cap).clamp_(max=cap)
-    planes = esc.gather(1, idx.reshape(n, -1).to(torch.int64)).reshape(n, rows, groups, _MAX_ESC, 1)
+        if bool((esc_start < 0).any()) or bool((esc_start + count.sum(-1) > heap.numel()).any()):
+            raise ValueError("corrupt GAAC block: its escape stream runs past the escape heap")
+    m = heap.numel()
+    src = torch.cat([heap.to(torch.int32), heap.new_zeros(1, dtype=torch.int32)])  # index m reads 0
+    k = torch.arange(_MAX_ESC, device=dev, dtype=torch.int64)
+    idx = start.unsqueeze(-1) + k
+    idx = torch.where((k < count.unsqueeze(-1)) & (idx >= 0) & (idx < m), idx, m)
+    planes = src[idx.reshape(n, -1)].reshape(n, rows, groups, _MAX_ESC, 1)
     j = torch.arange(GROUP, device=dev, dtype=torch.int32)
     high = (((planes >> j) & 1) << k[:, None]).sum(-2, dtype=torch.int32)  # [N, R, G, 8]
     coded = code | (high.reshape(n, rows, cols) << 3)
@@ -269,17 +321,18 @@ class EncodedTensor:
         return self.blocks.slots.shape[0]
 
     def nbytes(self, *, with_overhead: bool = True) -> int:
-        """Stored bytes. Codec-only counts planes + actual escape bytes of fitting blocks;
-        with overhead counts whole slots, raw fallback blocks and an 8-byte block-table entry."""
+        """Stored bytes. Codec-only counts planes + escape bytes of fitting blocks and raw blocks;
+        with overhead also the slots' alignment padding, an 8-byte ``esc_start`` per compressed
+        block and a 4-byte block-table entry per block (what :class:`~gaac_hf.cache.GAACCache` holds)."""
         g = self.geometry
         fits = self.blocks.fits
         n_fit = int(fits.sum())
         n_raw = self.num_blocks - n_fit
         tail = self.tail.numel() * 2
-        if with_overhead:
-            return n_fit * g.slot_bytes + n_raw * g.raw_bytes + 8 * self.num_blocks + tail
-        fixed = g.sm_bytes + g.lo2_bytes + g.hi1_bytes + g.tag_bytes
         esc = int(self.blocks.escape_len[fits].sum())
+        if with_overhead:
+            return n_fit * (g.slot_bytes + 8) + esc + n_raw * g.raw_bytes + 4 * self.num_blocks + tail
+        fixed = g.sm_bytes + g.lo2_bytes + g.hi1_bytes + g.tag_bytes
         return n_fit * fixed + esc + n_raw * g.raw_bytes + tail
 
 
@@ -317,6 +370,6 @@ def decode_tensor(enc: EncodedTensor, base8: torch.Tensor, base16: torch.Tensor)
     out = torch.empty(h * nb, g.block_size, g.head_dim, dtype=torch.bfloat16, device=enc.blocks.slots.device)
     b8, b16 = base8.repeat_interleave(nb, 0), base16.repeat_interleave(nb, 0)
     if bool(fits.any()):
-        out[fits] = decode_blocks(enc.blocks.slots[fits], b8[fits], b16[fits], g)
+        out[fits] = decode_blocks(enc.blocks.slots[fits], enc.blocks.escapes[fits], b8[fits], b16[fits], g)
     out[~fits] = enc.raw
     return torch.cat([out.reshape(h, nb * g.block_size, g.head_dim), enc.tail], dim=1)

@@ -78,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     from .calibration import MODE_NAMES, CalibrationTable
     from .codec import decode_tensor, encode_tensor
     from .collect import run_chunks, tokenize
+    from .format import FORMAT_VERSION
     from .models import SMOLLM2_NAME, load_smollm2
 
     t0 = time.time()
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{full} tokens in {n_blocks} blocks of {g.block_size} (K and V, {len(keys)} layers x {keys[0].shape[0]} kv-heads), "
           f"{ids.numel() - full} tail tokens stay BF16")
     print(f"table: {args.table or shipped_table_path()} (calibrated on {table.meta.get('text', {}).get('name', '?')}, "
-          f"context {table.meta.get('context', '?')}), groups of 8 along {g.group_axis}, escape capacity {g.escape_capacity} B")
+          f"context {table.meta.get('context', '?')}), groups of 8 along {g.group_axis}, slot {g.slot_bytes} B + escape stream per block (format v{FORMAT_VERSION})")
     for kind, name in ((0, "K"), (1, "V")):
         tot = max(int(modes[kind].sum()), 1)
         shares = "  ".join(f"{m} {100 * int(c) / tot:6.2f}%" for m, c in zip(MODE_NAMES, modes[kind]))

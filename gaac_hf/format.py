@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 #: Bumped whenever a byte of the slot layout, a mode's meaning or the calibration table changes.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 #: Values per group: a group shares one mode tag.
 GROUP = 8
@@ -28,6 +28,7 @@ ESCAPE_BYTES = (0, 1, 5, 0)
 TILE_CHANNELS = 128
 
 #: Alignment of every plane inside a slot and of the slot itself (one 16-byte vector load).
+#: Escape streams in the escape heap are byte-aligned (the decoders read them a byte at a time).
 ALIGN = 16
 
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
@@ -42,13 +43,19 @@ def _ceil_to(n: int, m: int) -> int:
 class BlockGeometry:
     """Shape of one encoded block (one layer, K or V, one kv-head, ``block_size`` tokens).
 
-    A slot is one contiguous uint8 row of ``slot_bytes`` holding, in order and 16-byte aligned::
+    A block is stored as a fixed-size **slot** plus a variable-length **escape stream**.
+
+    The slot is one contiguous uint8 row of ``slot_bytes`` holding, in order and 16-byte aligned::
 
         sm   [rows*cols]       sign<<7 | mantissa, one byte per value
         lo2  [rows*cols/4]     bits 0-1 of each value's 3-bit code, 4 values per byte (LSB first)
         hi1  [rows*cols/8]     bit 2 of each code, 8 values per byte (LSB first)
         tag  [rows*cols/32]    2-bit mode tag per group, 4 groups per byte (LSB first)
-        esc  [escape_capacity] escape bytes of the non-3-bit groups, in group order
+
+    The escape stream (the escape bytes of the non-3-bit groups, in group order; its length follows
+    from the tag plane) lives outside the slot, in an **escape heap**: a byte array where each
+    block's stream starts at a recorded offset (``esc_start``). A block whose stream is longer than
+    ``escape_limit`` would not be smaller than its BF16 form and is stored raw instead.
 
     Every plane runs over the row-major ``rows x cols`` matrix; groups are 8 consecutive values of a row.
 
@@ -58,7 +65,6 @@ class BlockGeometry:
 
     block_size: int = 64
     head_dim: int = 64
-    escape_capacity: int = 256
     group_axis: str = "channel"
 
     def __post_init__(self) -> None:
@@ -68,10 +74,6 @@ class BlockGeometry:
             raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {self.head_dim}")
         if self.block_size < 16 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two >= 16, got {self.block_size}")
-        if self.escape_capacity < 0 or self.escape_capacity % ALIGN:
-            raise ValueError(
-                f"escape_capacity must be a non-negative multiple of {ALIGN}, got {self.escape_capacity}"
-            )
 
     # -- shape of the coded matrix -------------------------------------------------------------
     @property
@@ -129,12 +131,14 @@ class BlockGeometry:
         return _ceil_to(self.hi1_offset + self.hi1_bytes, ALIGN)
 
     @property
-    def esc_offset(self) -> int:
+    def slot_bytes(self) -> int:
         return _ceil_to(self.tag_offset + self.tag_bytes, ALIGN)
 
     @property
-    def slot_bytes(self) -> int:
-        return _ceil_to(self.esc_offset + self.escape_capacity, ALIGN)
+    def escape_limit(self) -> int:
+        """Longest escape stream a compressed block may have: beyond it slot + stream would reach
+        the block's BF16 size, so the block is stored raw (only adversarial blocks get there)."""
+        return self.raw_bytes - self.slot_bytes
 
     @property
     def raw_bytes(self) -> int:
@@ -146,7 +150,9 @@ class BlockGeometry:
 
     @classmethod
     def from_dict(cls, d: dict) -> "BlockGeometry":
-        v = d.get("format_version", FORMAT_VERSION)
+        v = d.get("format_version")
         if v != FORMAT_VERSION:
-            raise ValueError(f"GAAC format version {v} is not supported (this gaac-hf reads {FORMAT_VERSION})")
-        return cls(**{k: d[k] for k in ("block_size", "head_dim", "escape_capacity", "group_axis")})
+            hint = (" (version 1 kept escape bytes inside fixed-capacity slots; its calibration windows are still valid: "
+                    "gaac_hf.calibration.upgrade_table_file converts a v1 table file)") if v == 1 else ""
+            raise ValueError(f"GAAC format version {v} is not supported (this gaac-hf reads {FORMAT_VERSION}){hint}")
+        return cls(**{k: d[k] for k in ("block_size", "head_dim", "group_axis")})

@@ -14,9 +14,11 @@ so plane words are loaded once per group (coalesced) and broadcast against a shi
 gathered per element. The lo2 plane is read as little-endian uint16: bytes 2g and 2g+1 hold the 8
 2-bit codes of group g, LSB first, which is exactly the u16 ``sum_j code_j << 2j``.
 
-The one irregular piece is the escape stream: group g's escape bytes start at the exclusive prefix sum
-of the escape counts of groups < g (row-major group order). The format stores no offsets, so the
-prefix sum is computed here per block (``tl.cumsum`` over T*D/8 counts: 1/8 of an op per value).
+The one irregular piece is the escape stream, which lives outside the slot in the escape heap (the
+caller passes a pointer to the block's stream): group g's escape bytes start at the exclusive prefix
+sum of the escape counts of groups < g (row-major group order). The format stores no per-group
+offsets, so the prefix sum is computed here per block (``tl.cumsum`` over T*D/8 counts: 1/8 of an op
+per value).
 """
 from __future__ import annotations
 
@@ -59,21 +61,23 @@ def escape_starts(cnt, T: tl.constexpr, D: tl.constexpr):
 @triton.jit
 def decode_block_bits(
     slot,  # *uint8: first byte of the slot
+    heap,  # *uint8: the escape heap
+    esc0,  # int64: offset of this block's escape stream in the heap
+    heap_len,  # int64: bytes in the heap
     b8,  # int32 [1, Q, 4, 8]: base8 per channel
     b16,  # int32 [1, Q, 4, 8]: base16 per channel
     LO2_OFF: tl.constexpr,
     HI1_OFF: tl.constexpr,
     TAG_OFF: tl.constexpr,
-    ESC_OFF: tl.constexpr,
-    CAP: tl.constexpr,
     T: tl.constexpr,
     D: tl.constexpr,
 ):
-    """One slot -> int32 ``[T, Q, 4, 8]`` holding the BF16 bit pattern of every value (0..0xFFFF).
+    """One slot + its escape stream -> int32 ``[T, Q, 4, 8]`` holding the BF16 bit pattern of every
+    value (0..0xFFFF).
 
-    Mirrors ``gaac_hf.codec.decode_blocks`` exactly, including its behaviour on slots the reference
+    Mirrors ``gaac_hf.codec.decode_blocks`` exactly, including its behaviour on input the reference
     would reject with validate=True: tag 3 reads no escape bytes and uses the raw code; escape reads
-    past the capacity return 0 (the reference's zero scratch column).
+    outside the heap return 0 (the reference's zero sink).
     """
     Q: tl.constexpr = D // 32
     grp, elem, chan, t, q, i, j = tile_index(T, D)
@@ -86,13 +90,13 @@ def decode_block_bits(
 
     # escape bytes: count 1 (4-bit) or 5 (raw) per group, at the group's prefix-sum start
     cnt = tl.where(tag == 1, 1, tl.where(tag == 2, 5, 0))
-    start = escape_starts(cnt, T, D)
-    esc = slot + ESC_OFF + start
-    e0 = tl.load(esc, mask=(cnt > 0) & (start < CAP), other=0).to(tl.int32)
+    pos = escape_starts(cnt, T, D).to(tl.int64) + esc0  # heap offset of each group's stream
+    inside = (pos >= 0) & (pos < heap_len)
+    e0 = tl.load(heap + pos, mask=(cnt > 0) & inside, other=0).to(tl.int32)
     high = (e0 >> j) & 1
     is_raw = cnt == 5
     for k in tl.static_range(1, 5):
-        ek = tl.load(esc + k, mask=is_raw & (start + k < CAP), other=0).to(tl.int32)
+        ek = tl.load(heap + pos + k, mask=is_raw & (pos + k >= 0) & (pos + k < heap_len), other=0).to(tl.int32)
         high = high | (((ek >> j) & 1) << k)
     coded = code | (high << 3)
     exp = tl.where(tag == 0, b8 + coded, tl.where(tag == 1, b16 + coded, coded))
@@ -145,12 +149,13 @@ def _pair(smh, n, hn, bw, HAS_RAW: tl.constexpr):
 
 @triton.jit
 def decode_rows_pairs(
-    slot, r0, esc_base, b8w0, b8w1, b8w2, b8w3, b16w0, b16w1, b16w2, b16w3,
-    LO2_OFF: tl.constexpr, HI1_OFF: tl.constexpr, TAG_OFF: tl.constexpr, ESC_OFF: tl.constexpr,
+    slot, stream, r0, esc_base, b8w0, b8w1, b8w2, b8w3, b16w0, b16w1, b16w2, b16w3,
+    LO2_OFF: tl.constexpr, HI1_OFF: tl.constexpr, TAG_OFF: tl.constexpr,
     TS: tl.constexpr, D: tl.constexpr,
 ):
-    """Rows [r0, r0+TS) of a slot written by the encoder (fits == True) -> 4 uint32 ``[TS, G]`` words
-    per group (word m = values 2m, 2m+1 as a BF16 pair, little-endian) and the next escape offset.
+    """Rows [r0, r0+TS) of a slot written by the encoder (fits == True), whose escape stream starts at
+    ``stream`` (a pointer into the escape heap), -> 4 uint32 ``[TS, G]`` words per group (word m =
+    values 2m, 2m+1 as a BF16 pair, little-endian) and the escape offset after these rows.
 
     Per group (1/8 of the ops per value): one 8-byte sm load, the lo2/hi1/tag words, the escape byte
     at the group's prefix-sum offset, and three spread steps that turn the code planes into one
@@ -174,7 +179,7 @@ def decode_rows_pairs(
     incl = tl.cumsum(flat, 0)
     tot = tl.max(incl, 0)
     start = (tl.reshape(incl - flat, [TS, G]) & 0xFFFF) + esc_base
-    esc = slot + ESC_OFF + start
+    esc = stream + start
     e0 = tl.load(esc, mask=tag > 0, other=0).to(tl.uint32)
     n = _spread2(lo2) | (_spread1(hi1) << 2) | (_spread1(e0) << 3)
     z = tl.zeros_like(b8w0)

@@ -4,7 +4,9 @@ Contract (what ``gaac_hf.cache`` calls; all tensors on one CUDA device, no host 
 ------------------------------------------------------------------------------------------------------
 Per layer, K and V each have:
 
-    slots      uint8 [num_slots, geometry.slot_bytes]   compressed blocks (codec slot layout)
+    slots      uint8 [num_slots, geometry.slot_bytes]   compressed blocks' planes (codec slot layout)
+    heap       uint8 [M]                                 escape heap: the blocks' escape streams
+    esc_start  int64 [num_slots]                         offset of slot e's escape stream in the heap
     raw        bf16  [num_raw, T, D]                     blocks whose encoding did not fit (raw fallback)
     table      int32 [B, Hkv, max_blocks]                one entry per complete block of each (seq, kv-head)
     tail       bf16  [B, Hkv, T, D]                      the incomplete last block, uncompressed
@@ -22,8 +24,9 @@ of block i; the tail's token t is position ``num_blocks[b]*T + t``. Sequence len
 ``num_blocks*T + tail_len``. K and V have separate tables because a K block and its V block can fit
 or overflow independently. Pools may be shared by all layers (indices are global rows).
 
-    out = gaac_decode_attention(q, k_slots, v_slots, k_raw, v_raw, k_table, v_table, k_tail, v_tail,
-                                num_blocks, tail_len, k_base8, k_base16, v_base8, v_base16, geometry,
+    out = gaac_decode_attention(q, k_slots, v_slots, k_heap, v_heap, k_esc_start, v_esc_start, k_raw, v_raw,
+                                k_table, v_table, k_tail, v_tail, num_blocks, tail_len,
+                                k_base8, k_base16, v_base8, v_base16, geometry,
                                 scale=None, kv_start=None, num_splits=None, active_blocks=None, out=None)
     q: bf16 [B, Hq, D] (Hq % Hkv == 0, query head h uses kv head h // (Hq // Hkv))  -> out bf16 [B, Hq, D]
 
@@ -32,7 +35,7 @@ grid. Default: the table's capacity ``max_blocks``, which keeps the launch shape
 but, for a table much larger than the current context, leaves most splits empty; eager callers that
 know the current block count pass it for better parallelism. Pools need not have rows in use: a pool
 row is only read when the table points at it. Slots must be ones the encoder wrote with fits == True
-(the attention decoder assumes no reserved tags and no escape overrun).
+and their streams in the heap (the attention decoder assumes no reserved tags and reads no bounds).
 
 ``bf16_decode_attention(q, k_raw, v_raw, k_table, v_table, k_tail, v_tail, num_blocks, tail_len, ...)``
 is the same kernel compiled without the compressed path (every table entry must be negative): the BF16
@@ -50,7 +53,8 @@ small kernel merges the splits by LSE and rounds to BF16 (round-to-nearest-even 
 so CPU interpreter and GPU agree).
 
 Decoding (``_tile.decode_rows_pairs``): a thread owns whole groups of 8 values; per group it loads the
-8 sign|mantissa bytes (one 8-byte load), the lo2/hi1/tag words and its escape byte, spreads the code
+8 sign|mantissa bytes (one 8-byte load), the lo2/hi1/tag words and its escape byte (from the heap, at
+``esc_start[e]`` plus the group's offset in the stream), spreads the code
 planes into one nibble per value, and then builds the values two at a time in 32-bit words (a BF16
 pair per op). Tiles are sub-blocks of ``tile_tokens`` rows; the escape offset (a prefix sum of the
 groups' escape counts, the format stores none) is carried from sub-tile to sub-tile.
@@ -72,6 +76,7 @@ import torch
 import triton
 import triton.language as tl
 
+from gaac_hf.codec import pack_escapes
 from gaac_hf.format import BlockGeometry
 
 from ._tile import INTERPRET, base_pair_words, decode_rows_pairs, pairs_to_tile, raw_pair_words
@@ -82,9 +87,9 @@ NEG = tl.constexpr(-1.0e30)  # finite "minus infinity": fully masked rows stay N
 
 @triton.jit
 def _tile_bits(
-    SLOTS, RAW, TAIL, e, is_blk, vlen, tail_off, r0, esc_base, a0, a1, a2, a3, c0, c1, c2, c3,
+    SLOTS, stream, RAW, TAIL, e, is_blk, vlen, tail_off, r0, esc_base, a0, a1, a2, a3, c0, c1, c2, c3,
     SLOT_BYTES: tl.constexpr, LO2_OFF: tl.constexpr, HI1_OFF: tl.constexpr, TAG_OFF: tl.constexpr,
-    ESC_OFF: tl.constexpr, TS: tl.constexpr, T: tl.constexpr, D: tl.constexpr, KV_MODE: tl.constexpr,
+    TS: tl.constexpr, T: tl.constexpr, D: tl.constexpr, KV_MODE: tl.constexpr,
 ):
     """Bits of rows [r0, r0+TS) of one K or V block as int16 ``[TS, D]`` -- decoded from a slot
     (e >= 0), or loaded from a raw block (e < 0) or the tail -- plus the escape offset after these
@@ -93,8 +98,8 @@ def _tile_bits(
     if KV_MODE == 0:
         if e >= 0:
             w0, w1, w2, w3, esc_next = decode_rows_pairs(
-                SLOTS + e.to(tl.int64) * SLOT_BYTES, r0, esc_base, a0, a1, a2, a3, c0, c1, c2, c3,
-                LO2_OFF, HI1_OFF, TAG_OFF, ESC_OFF, TS, D)
+                SLOTS + e.to(tl.int64) * SLOT_BYTES, stream, r0, esc_base, a0, a1, a2, a3, c0, c1, c2, c3,
+                LO2_OFF, HI1_OFF, TAG_OFF, TS, D)
         else:
             w0, w1, w2, w3 = _raw_words(RAW, TAIL, e, is_blk, vlen, tail_off, r0, TS, T, D)
             esc_next = esc_base
@@ -128,6 +133,8 @@ def _as_dot_operand(bits, FP32_DOT: tl.constexpr):
 def _attn_split_kernel(
     Qb,  # *int16 [B, HQ, D]
     K_SLOTS, V_SLOTS,  # *uint8 [*, SLOT_BYTES]
+    K_HEAP, V_HEAP,  # *uint8 [*]: escape heaps
+    K_ESC_START, V_ESC_START,  # *int64 [*]: stream offset per slot
     K_RAW, V_RAW,  # *int16 [*, T, D]
     K_TABLE, V_TABLE,  # *int32 [B, HKV, MAXB]
     K_TAIL, V_TAIL,  # *int16 [B, HKV, T, D]
@@ -143,7 +150,6 @@ def _attn_split_kernel(
     GQ: tl.constexpr,  # query heads per kv head
     QP: tl.constexpr,  # GQ padded to >= 16 (tl.dot minimum)
     SLOT_BYTES: tl.constexpr, LO2_OFF: tl.constexpr, HI1_OFF: tl.constexpr, TAG_OFF: tl.constexpr,
-    ESC_OFF: tl.constexpr,
     T: tl.constexpr,
     D: tl.constexpr,
     KV_MODE: tl.constexpr,  # 0: compressed + raw blocks; 1: raw only (BF16 baseline)
@@ -192,13 +198,19 @@ def _attn_split_kernel(
         ek = tl.load(K_TABLE + tab + blk, mask=is_blk, other=-1)
         ev = tl.load(V_TABLE + tab + blk, mask=is_blk, other=-1)
         vlen = tl.where(is_blk, T, tlen)
+        if KV_MODE == 0:  # escape streams of the two blocks (unused for raw blocks and the tail)
+            kstream = K_HEAP + tl.load(K_ESC_START + tl.maximum(ek, 0))
+            vstream = V_HEAP + tl.load(V_ESC_START + tl.maximum(ev, 0))
+        else:
+            kstream = K_HEAP
+            vstream = V_HEAP
         kesc = tl.full([], 0, tl.int32)
         vesc = tl.full([], 0, tl.int32)
         for sub in tl.static_range(T // TS):  # sub-tiles keep registers small; escapes carried
             r0 = sub * TS
-            kt, kesc = _tile_bits(K_SLOTS, K_RAW, K_TAIL, ek, is_blk, vlen, tail_off, r0, kesc,
+            kt, kesc = _tile_bits(K_SLOTS, kstream, K_RAW, K_TAIL, ek, is_blk, vlen, tail_off, r0, kesc,
                                   ka0, ka1, ka2, ka3, kc0, kc1, kc2, kc3,
-                                  SLOT_BYTES, LO2_OFF, HI1_OFF, TAG_OFF, ESC_OFF, TS, T, D, KV_MODE)
+                                  SLOT_BYTES, LO2_OFF, HI1_OFF, TAG_OFF, TS, T, D, KV_MODE)
             s = tl.dot(qm, tl.trans(_as_dot_operand(kt, FP32_DOT))) * scale_log2  # [QP, TS]
             valid = tok + r0 < vlen
             if HAS_START:
@@ -208,9 +220,9 @@ def _attn_split_kernel(
             alpha = tl.exp2(m_i - m_new)
             p = tl.where(valid[None, :], tl.exp2(s - m_new[:, None]), 0.0)
             l_i = l_i * alpha + tl.sum(p, 1)
-            vt, vesc = _tile_bits(V_SLOTS, V_RAW, V_TAIL, ev, is_blk, vlen, tail_off, r0, vesc,
+            vt, vesc = _tile_bits(V_SLOTS, vstream, V_RAW, V_TAIL, ev, is_blk, vlen, tail_off, r0, vesc,
                                   va0, va1, va2, va3, vc0, vc1, vc2, vc3,
-                                  SLOT_BYTES, LO2_OFF, HI1_OFF, TAG_OFF, ESC_OFF, TS, T, D, KV_MODE)
+                                  SLOT_BYTES, LO2_OFF, HI1_OFF, TAG_OFF, TS, T, D, KV_MODE)
             if FP32_DOT:
                 pv = tl.dot(p, _as_dot_operand(vt, FP32_DOT))
             else:
@@ -282,7 +294,7 @@ def _as_i16(t: torch.Tensor) -> torch.Tensor:
 
 
 def _launch(
-    q, k_slots, v_slots, k_raw, v_raw, k_table, v_table, k_tail, v_tail, num_blocks, tail_len,
+    q, k_slots, v_slots, k_heap, v_heap, k_esc_start, v_esc_start, k_raw, v_raw, k_table, v_table, k_tail, v_tail, num_blocks, tail_len,
     bases, geometry: BlockGeometry, scale, kv_start, num_splits, out, kv_mode, num_warps, num_stages, tile_tokens=32, maxnreg=None, active_blocks=None,
 ):
     B, HQ, D = q.shape
@@ -295,9 +307,15 @@ def _launch(
     for name, t in (("k_table", k_table), ("v_table", v_table)):
         if t.dtype != torch.int32 or t.shape != (B, HKV, MAXB) or not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous int32 [B, Hkv, max_blocks]")
-    for t in (q, k_slots, v_slots, k_raw, v_raw, k_tail, v_tail):
+    for t in (q, k_slots, v_slots, k_heap, v_heap, k_esc_start, v_esc_start, k_raw, v_raw, k_tail, v_tail):
         if not t.is_contiguous():
-            raise ValueError("q, pools and tails must be contiguous")
+            raise ValueError("q, pools, heaps and tails must be contiguous")
+    for name, t in (("k_heap", k_heap), ("v_heap", v_heap)):
+        if t.dtype != torch.uint8 or t.dim() != 1 or t.numel() == 0:
+            raise ValueError(f"{name} must be a non-empty uint8 [M] escape heap")
+    for name, t, sl in (("k_esc_start", k_esc_start, k_slots), ("v_esc_start", v_esc_start, v_slots)):
+        if t.dtype != torch.int64 or t.dim() != 1 or t.shape[0] < sl.shape[0]:
+            raise ValueError(f"{name} must be int64 [num_slots >= {sl.shape[0]}]")
     GQ = HQ // HKV
     QP = max(16, triton.next_power_of_2(GQ))
     if scale is None:
@@ -313,12 +331,12 @@ def _launch(
     g = geometry
     kb8, kb16, vb8, vb16 = bases
     kern = _attn_split_kernel[(B * HKV, S)](
-        _as_i16(q), k_slots, v_slots, _as_i16(k_raw), _as_i16(v_raw), k_table, v_table,
+        _as_i16(q), k_slots, v_slots, k_heap, v_heap, k_esc_start, v_esc_start, _as_i16(k_raw), _as_i16(v_raw), k_table, v_table,
         _as_i16(k_tail), _as_i16(v_tail), kb8, kb16, vb8, vb16,
         num_blocks, tail_len, kv_start if has_start else num_blocks, part_o, part_l,
         scale * 1.4426950408889634, MAXB, BPS, S,
         HKV=HKV, GQ=GQ, QP=QP, SLOT_BYTES=g.slot_bytes, LO2_OFF=g.lo2_offset, HI1_OFF=g.hi1_offset,
-        TAG_OFF=g.tag_offset, ESC_OFF=g.esc_offset, T=T, D=D, KV_MODE=kv_mode,
+        TAG_OFF=g.tag_offset, T=T, D=D, KV_MODE=kv_mode,
         HAS_START=has_start, FP32_DOT=INTERPRET, TS=min(tile_tokens, T), num_warps=num_warps, num_stages=num_stages,
         **({} if maxnreg is None or INTERPRET else {"maxnreg": maxnreg}),
     )
@@ -334,6 +352,10 @@ def gaac_decode_attention(
     q: torch.Tensor,
     k_slots: torch.Tensor,
     v_slots: torch.Tensor,
+    k_heap: torch.Tensor,
+    v_heap: torch.Tensor,
+    k_esc_start: torch.Tensor,
+    v_esc_start: torch.Tensor,
     k_raw: torch.Tensor,
     v_raw: torch.Tensor,
     k_table: torch.Tensor,
@@ -363,6 +385,8 @@ def gaac_decode_attention(
     Args:
         q: bf16 ``[B, Hq, D]``.
         k_slots, v_slots: uint8 ``[num_slots, slot_bytes]`` slot pools.
+        k_heap, v_heap: uint8 ``[M]`` escape heaps (at least one byte).
+        k_esc_start, v_esc_start: int64 ``[num_slots]``: slot e's escape stream starts at heap[esc_start[e]].
         k_raw, v_raw: bf16 ``[num_raw, T, D]`` raw-fallback pools (at least one row).
         k_table, v_table: int32 ``[B, Hkv, max_blocks]``; ``e >= 0`` slot, ``e < 0`` raw row ``-1-e``.
         k_tail, v_tail: bf16 ``[B, Hkv, T, D]`` uncompressed tails.
@@ -383,8 +407,8 @@ def gaac_decode_attention(
     for bb in bases:
         if bb.dtype != torch.uint8 or bb.shape != (k_table.shape[1], geometry.head_dim):
             raise ValueError(f"bases must be uint8 [Hkv, D], got {bb.dtype} {tuple(bb.shape)}")
-    return _launch(q, k_slots, v_slots, k_raw, v_raw, k_table, v_table, k_tail, v_tail, num_blocks,
-                   tail_len, bases, geometry, scale, kv_start, num_splits, out, 0, num_warps, num_stages, tile_tokens, maxnreg,
+    return _launch(q, k_slots, v_slots, k_heap, v_heap, k_esc_start, v_esc_start, k_raw, v_raw, k_table,
+                   v_table, k_tail, v_tail, num_blocks, tail_len, bases, geometry, scale, kv_start, num_splits, out, 0, num_warps, num_stages, tile_tokens, maxnreg,
                    active_blocks)
 
 
@@ -418,8 +442,10 @@ def bf16_decode_attention(
     """
     hkv, d = k_table.shape[1], geometry.head_dim
     dummy_slots = torch.zeros(1, geometry.slot_bytes, dtype=torch.uint8, device=q.device)
+    dummy_heap = torch.zeros(1, dtype=torch.uint8, device=q.device)
+    dummy_start = torch.zeros(1, dtype=torch.int64, device=q.device)
     zb = torch.zeros(hkv, d, dtype=torch.uint8, device=q.device)
-    return _launch(q, dummy_slots, dummy_slots, k_raw, v_raw, k_table, v_table, k_tail, v_tail, num_blocks,
+    return _launch(q, dummy_slots, dummy_slots, dummy_heap, dummy_heap, dummy_start, dummy_start, k_raw, v_raw, k_table, v_table, k_tail, v_tail, num_blocks,
                    tail_len, (zb, zb, zb, zb), geometry, scale, kv_start, num_splits, out,
                    0 if same_path else 1, num_warps, num_stages, tile_tokens, maxnreg)
 
@@ -440,9 +466,11 @@ def pack_paged_kv(
     """Dense bf16 ``[B, Hkv, S, D]`` (sequence b valid in ``[:seq_lens[b]]``) -> one K or V paged cache.
 
     Complete blocks are encoded with the Triton encoder (``compress=False``: every block raw, the BF16
-    baseline's cache). Blocks that overflow their slot, and blocks where ``force_raw`` (bool, one per
-    complete block in (b, h, i) order) is set, go to the raw pool.
-    Returns dict(slots, raw, table, tail, num_blocks, tail_len, max_blocks, fits_fraction).
+    baseline's cache). Blocks that do not fit (``escape_limit``), and blocks where ``force_raw``
+    (bool, one per complete block in (b, h, i) order) is set, go to the raw pool; the escape streams
+    of the compressed ones are packed into one heap (``codec.pack_escapes``).
+    Returns dict(slots, heap, esc_start, raw, table, tail, num_blocks, tail_len, max_blocks,
+    fits_fraction, escape_bytes).
     """
     B, H, S, D = x.shape
     T = geometry.block_size
@@ -472,6 +500,10 @@ def pack_paged_kv(
         raw_idx = torch.cumsum((~fits).int(), 0) - 1
         entry = torch.where(fits, slot_idx, -1 - raw_idx).to(torch.int32)
         slots = enc.slots[fits] if enc is not None else blk.new_zeros(0, geometry.slot_bytes, dtype=torch.uint8)
+        if enc is not None:
+            heap, esc_start = pack_escapes(enc.escapes[fits], enc.escape_len[fits])
+        else:
+            heap, esc_start = blk.new_zeros(0, dtype=torch.uint8), torch.zeros(0, dtype=torch.int64, device=dev)
         raw = blk[~fits]
         k = 0
         for b in range(B):
@@ -481,13 +513,19 @@ def pack_paged_kv(
     else:
         slots = torch.zeros(0, geometry.slot_bytes, dtype=torch.uint8, device=dev)
         raw = torch.zeros(0, T, D, dtype=torch.bfloat16, device=dev)
+        heap, esc_start = torch.zeros(0, dtype=torch.uint8, device=dev), torch.zeros(0, dtype=torch.int64, device=dev)
         frac = 0.0
+    escape_bytes = heap.numel()
     if slots.shape[0] == 0:  # pools need one row for a valid pointer
         slots = torch.zeros(1, geometry.slot_bytes, dtype=torch.uint8, device=dev)
+        esc_start = torch.zeros(1, dtype=torch.int64, device=dev)
+    if heap.numel() == 0:
+        heap = torch.zeros(1, dtype=torch.uint8, device=dev)
     if raw.shape[0] == 0:
         raw = torch.zeros(1, T, D, dtype=torch.bfloat16, device=dev)
     return dict(
-        slots=slots.contiguous(), raw=raw.contiguous(), table=table, tail=tail,
+        slots=slots.contiguous(), heap=heap.contiguous(), esc_start=esc_start.contiguous(), raw=raw.contiguous(),
+        table=table, tail=tail, escape_bytes=escape_bytes,
         num_blocks=torch.tensor(nbs, dtype=torch.int32, device=dev),
         tail_len=torch.tensor([s - nb * T for s, nb in zip(seq_lens, nbs)], dtype=torch.int32, device=dev),
         max_blocks=maxb, fits_fraction=frac,

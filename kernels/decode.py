@@ -1,4 +1,4 @@
-"""Triton standalone GAAC decoder: slots -> BF16 blocks, bit-identical to the reference.
+"""Triton standalone GAAC decoder: slots + escape heap -> BF16 blocks, bit-identical to the reference.
 
 Reference: ``gaac_hf.codec.decode_blocks`` (with validate=False: this kernel never syncs with the host;
 it reproduces the reference's output bit for bit also on slots that validation would reject). Used by
@@ -22,6 +22,9 @@ from .encode import _bases, _check_geometry
 @triton.jit
 def _decode_kernel(
     SLOTS,  # *uint8 [N, SLOT_BYTES]
+    HEAP,  # *uint8 [M]: escape heap
+    ESC_START,  # *int64 [N]: each block's stream offset in HEAP
+    heap_len,  # M
     B8,  # *uint8 [N or 1, D]
     B16,
     OUT,  # *int16 [N, T, D]
@@ -30,14 +33,13 @@ def _decode_kernel(
     LO2_OFF: tl.constexpr,
     HI1_OFF: tl.constexpr,
     TAG_OFF: tl.constexpr,
-    ESC_OFF: tl.constexpr,
-    CAP: tl.constexpr,
     T: tl.constexpr,
     D: tl.constexpr,
     FAST: tl.constexpr,
     TS: tl.constexpr,
 ):
     n = tl.program_id(0).to(tl.int64)
+    esc0 = tl.load(ESC_START + n)
     if FAST:  # attention's pair decoder, whole block in sub-tiles of TS rows
         a0, a1, a2, a3 = base_pair_words(B8 + n * base_stride, 0, D)
         c0, c1, c2, c3 = base_pair_words(B16 + n * base_stride, 0, D)
@@ -45,19 +47,20 @@ def _decode_kernel(
         r = tl.arange(0, TS)[:, None]
         c = tl.arange(0, D)[None, :]
         for sub in tl.static_range(T // TS):
-            w0, w1, w2, w3, esc = decode_rows_pairs(SLOTS + n * SLOT_BYTES, sub * TS, esc, a0, a1, a2, a3,
-                                                    c0, c1, c2, c3, LO2_OFF, HI1_OFF, TAG_OFF, ESC_OFF, TS, D)
+            w0, w1, w2, w3, esc = decode_rows_pairs(SLOTS + n * SLOT_BYTES, HEAP + esc0, sub * TS, esc,
+                                                    a0, a1, a2, a3, c0, c1, c2, c3, LO2_OFF, HI1_OFF, TAG_OFF, TS, D)
             tl.store(OUT + n * (T * D) + (sub * TS + r) * D + c, pairs_to_tile(w0, w1, w2, w3, TS, D))
     else:
         grp, elem, chan, t, q, i, j = tile_index(T, D)
         b8 = tl.load(B8 + n * base_stride + chan).to(tl.int32)
         b16 = tl.load(B16 + n * base_stride + chan).to(tl.int32)
-        bits = decode_block_bits(SLOTS + n * SLOT_BYTES, b8, b16, LO2_OFF, HI1_OFF, TAG_OFF, ESC_OFF, CAP, T, D)
+        bits = decode_block_bits(SLOTS + n * SLOT_BYTES, HEAP, esc0, heap_len, b8, b16, LO2_OFF, HI1_OFF, TAG_OFF, T, D)
         tl.store(OUT + n * (T * D) + elem, bits.to(tl.int16))
 
 
 def decode_blocks_triton(
     slots: torch.Tensor,
+    escapes,
     base8: torch.Tensor,
     base16: torch.Tensor,
     geometry: BlockGeometry,
@@ -74,6 +77,8 @@ def decode_blocks_triton(
 
     Args:
         slots: uint8 ``[N, slot_bytes]`` (blocks whose encoding fit).
+        escapes: uint8 rows ``[N, W]`` or ``(heap uint8 [M], esc_start int64 [N])``, as for
+            ``codec.decode_blocks``.
         base8, base16: uint8 ``[D]`` or ``[N, D]``.
         out: optional preallocated bf16 ``[N, T, D]``.
     Returns:
@@ -84,6 +89,21 @@ def decode_blocks_triton(
     if slots.dtype != torch.uint8 or slots.dim() != 2 or slots.shape[1] != g.slot_bytes:
         raise ValueError(f"slots must be uint8 [N, {g.slot_bytes}], got {slots.dtype} {tuple(slots.shape)}")
     n, t, d = slots.shape[0], g.block_size, g.head_dim
+    if isinstance(escapes, (tuple, list)):
+        heap, esc_start = escapes
+        if heap.dtype != torch.uint8 or heap.dim() != 1 or esc_start.shape != (n,):
+            raise ValueError(f"escapes must be (heap uint8 [M], esc_start int [{n}])")
+        esc_start = esc_start.to(torch.int64).contiguous()
+    else:
+        if escapes.dtype != torch.uint8 or escapes.dim() != 2 or escapes.shape[0] != n:
+            raise ValueError(f"escape rows must be uint8 [{n}, W], got {escapes.dtype} {tuple(escapes.shape)}")
+        heap = escapes.contiguous().reshape(-1)
+        esc_start = torch.arange(n, device=slots.device, dtype=torch.int64) * escapes.shape[1]
+    if heap.numel() == 0:  # a valid pointer; every read is masked (outside the heap) anyway
+        heap = torch.zeros(1, dtype=torch.uint8, device=slots.device)
+        heap_len = 0
+    else:
+        heap_len = heap.numel()
     b8, s8 = _bases(base8, n, d, "base8")
     b16, s16 = _bases(base16, n, d, "base16")
     if s8 != s16:
@@ -95,9 +115,8 @@ def decode_blocks_triton(
         raise ValueError(f"out must be contiguous bf16 [{n}, {t}, {d}]")
     if n:
         _decode_kernel[(n,)](
-            slots.contiguous(), b8, b16, out.view(torch.int16), s8,
-            SLOT_BYTES=g.slot_bytes, LO2_OFF=g.lo2_offset, HI1_OFF=g.hi1_offset, TAG_OFF=g.tag_offset,
-            ESC_OFF=g.esc_offset, CAP=g.escape_capacity, T=t, D=d, FAST=fast, TS=min(tile_tokens, t) if fast else t,
+            slots.contiguous(), heap, esc_start, heap_len, b8, b16, out.view(torch.int16), s8,
+            SLOT_BYTES=g.slot_bytes, LO2_OFF=g.lo2_offset, HI1_OFF=g.hi1_offset, TAG_OFF=g.tag_offset, T=t, D=d, FAST=fast, TS=min(tile_tokens, t) if fast else t,
             num_warps=max(4, t * d // 1024),
         )
     return out

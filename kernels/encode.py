@@ -1,8 +1,9 @@
-"""Triton GAAC block encoder: BF16 blocks -> fixed-capacity slots, byte-identical to the reference.
+"""Triton GAAC block encoder: BF16 blocks -> slots + escape streams, byte-identical to the reference.
 
 Reference: ``gaac_hf.codec.encode_blocks`` (the executable spec). This kernel must produce the same
-``slots`` bytes (every byte, zeros past the escape stream included), ``escape_len`` and ``fits`` for
-every input bit pattern. Only ``group_axis="channel"`` (the format's default) is implemented here;
+``slots`` bytes, escape rows (zeros past the stream included), ``escape_len`` and ``fits`` for every
+input bit pattern; :func:`append_escapes_triton` then packs the rows into an escape heap exactly as
+``gaac_hf.codec.pack_escapes`` does. Only ``group_axis="channel"`` (the format's default) is implemented here;
 the token axis stays reference-only.
 
 One program encodes one block (T x D values, e.g. 64 x 128 = 16 KB of BF16) held as a ``[T, Q, 4, 8]``
@@ -28,6 +29,7 @@ def _encode_kernel(
     B8,  # *uint8 [N or 1, D]
     B16,
     SLOTS,  # *uint8 [N, SLOT_BYTES]
+    ESC,  # *uint8 [N, CAP]: escape rows
     ESC_LEN,  # *int32 [N]
     FITS,  # *int8 [N]
     TAGS,  # *int32 [N, T, D/8] (written only when WRITE_TAGS)
@@ -36,9 +38,10 @@ def _encode_kernel(
     LO2_OFF: tl.constexpr,
     HI1_OFF: tl.constexpr,
     TAG_OFF: tl.constexpr,
-    ESC_OFF: tl.constexpr,
-    CAP: tl.constexpr,
+    CAP: tl.constexpr,  # escape row width: longer streams are truncated (and do not fit)
     CAP_P2: tl.constexpr,  # next power of two >= CAP (>= 16), for the zero fill
+    LIMIT: tl.constexpr,  # geometry.escape_limit: fits = escape_len <= LIMIT
+    ZERO_FILL: tl.constexpr,  # zero the row past the stream (the reference's rows; not needed for a heap)
     T: tl.constexpr,
     D: tl.constexpr,
     WRITE_TAGS: tl.constexpr,
@@ -73,19 +76,19 @@ def _encode_kernel(
     tagb = tl.sum(tag << (2 * i), axis=2, keep_dims=True)  # [T, Q, 1, 1]
     tl.store(slot + TAG_OFF + t * Q + q, tagb.to(tl.uint8))
 
-    # escape stream: byte k of a group is bit-plane k of its high bits; truncated at the capacity
+    # escape stream: byte k of a group is bit-plane k of its high bits; truncated at the row width
     cnt = tl.where(tag == 1, 1, tl.where(tag == 2, 5, 0))
     start = escape_starts(cnt, T, D)
-    esc = slot + ESC_OFF + start
+    esc = ESC + n * CAP + start
     for k in tl.static_range(0, 5):
         byte = tl.sum(((high >> k) & 1) << j, axis=3, keep_dims=True)
         tl.store(esc + k, byte.to(tl.uint8), mask=(k < cnt) & (start + k < CAP))
     esc_len = tl.sum(tl.reshape(cnt, [T * (D // 8)]), 0)
-    # the bytes past the stream are zero (disjoint from the scatter above: no ordering needed)
-    p = tl.arange(0, CAP_P2)
-    tl.store(slot + ESC_OFF + p, tl.zeros([CAP_P2], tl.uint8), mask=(p < CAP) & (p >= esc_len))
+    if ZERO_FILL:  # the bytes past the stream are zero (disjoint from the scatter above)
+        p = tl.arange(0, CAP_P2)
+        tl.store(ESC + n * CAP + p, tl.zeros([CAP_P2], tl.uint8), mask=(p < CAP) & (p >= esc_len))
     tl.store(ESC_LEN + n, esc_len)
-    tl.store(FITS + n, (esc_len <= CAP).to(tl.int8))
+    tl.store(FITS + n, (esc_len <= LIMIT).to(tl.int8))
 
 
 @triton.jit
@@ -120,10 +123,10 @@ def _bits_of_pairs(c0, c1, c2, c3, SH: tl.constexpr):
 
 @triton.jit
 def _encode_groups_kernel(
-    X, B8, B16, SLOTS, ESC_LEN, FITS, TAGS, base_stride,
+    X, B8, B16, SLOTS, ESC, ESC_LEN, FITS, TAGS, base_stride,
     SLOT_BYTES: tl.constexpr, LO2_OFF: tl.constexpr, HI1_OFF: tl.constexpr, TAG_OFF: tl.constexpr,
-    ESC_OFF: tl.constexpr, CAP: tl.constexpr, CAP_P2: tl.constexpr, T: tl.constexpr, D: tl.constexpr,
-    TS: tl.constexpr, WRITE_TAGS: tl.constexpr,
+    CAP: tl.constexpr, CAP_P2: tl.constexpr, LIMIT: tl.constexpr, ZERO_FILL: tl.constexpr,
+    T: tl.constexpr, D: tl.constexpr, TS: tl.constexpr, WRITE_TAGS: tl.constexpr,
 ):
     """Same bytes as :func:`_encode_kernel`, in the pair-decoder's layout: a thread owns whole groups
     (``[TS, G]`` tensors), works on BF16 pairs in 32-bit words (exponent fields compared against
@@ -194,7 +197,7 @@ def _encode_groups_kernel(
         cnt = tl.where(tag == 1, 1, tl.where(tag == 2, 5, 0))
         flat = tl.reshape(cnt, [TS * G])
         start = tl.reshape(tl.cumsum(flat, 0) - flat, [TS, G]) + esc_run
-        esc = slot + ESC_OFF + start
+        esc = ESC + n * CAP + start
         tl.store(esc, _bits_of_pairs(k0, k1, k2, k3, 3).to(tl.uint8), mask=(cnt > 0) & (start < CAP))
         raw = cnt == 5
         tl.store(esc + 1, _bits_of_pairs(k0, k1, k2, k3, 4).to(tl.uint8), mask=raw & (start + 1 < CAP))
@@ -202,10 +205,24 @@ def _encode_groups_kernel(
         tl.store(esc + 3, _bits_of_pairs(k0, k1, k2, k3, 6).to(tl.uint8), mask=raw & (start + 3 < CAP))
         tl.store(esc + 4, _bits_of_pairs(k0, k1, k2, k3, 7).to(tl.uint8), mask=raw & (start + 4 < CAP))
         esc_run = esc_run + tl.sum(flat, 0)
-    p = tl.arange(0, CAP_P2)
-    tl.store(slot + ESC_OFF + p, tl.zeros([CAP_P2], tl.uint8), mask=(p < CAP) & (p >= esc_run))
+    if ZERO_FILL:
+        p = tl.arange(0, CAP_P2)
+        tl.store(ESC + n * CAP + p, tl.zeros([CAP_P2], tl.uint8), mask=(p < CAP) & (p >= esc_run))
     tl.store(ESC_LEN + n, esc_run)
-    tl.store(FITS + n, (esc_run <= CAP).to(tl.int8))
+    tl.store(FITS + n, (esc_run <= LIMIT).to(tl.int8))
+
+
+@triton.jit
+def _append_escapes_kernel(ESC, CAP, LEN, DST, HEAP, CHUNK: tl.constexpr):
+    """Copy the first LEN[i] bytes of escape row i to HEAP[DST[i]:] (rows with DST[i] < 0 skipped)."""
+    i = tl.program_id(0).to(tl.int64)
+    dst = tl.load(DST + i)
+    ln = tl.load(LEN + i)
+    if dst >= 0:
+        for c in range(0, ln, CHUNK):
+            p = c + tl.arange(0, CHUNK)
+            b = tl.load(ESC + i * CAP + p, mask=p < ln)
+            tl.store(HEAP + dst + p, b, mask=p < ln)
 
 
 def _check_geometry(geometry: BlockGeometry) -> None:
@@ -216,8 +233,8 @@ def _check_geometry(geometry: BlockGeometry) -> None:
     g = geometry
     # the kernels write/read every byte of a slot as one of the planes: no padding gaps allowed
     ends = (g.sm_bytes, g.lo2_offset + g.lo2_bytes, g.hi1_offset + g.hi1_bytes, g.tag_offset + g.tag_bytes)
-    starts = (g.lo2_offset, g.hi1_offset, g.tag_offset, g.esc_offset)
-    if ends != starts or g.esc_offset + g.escape_capacity != g.slot_bytes:
+    starts = (g.lo2_offset, g.hi1_offset, g.tag_offset, g.slot_bytes)
+    if ends != starts:
         raise NotImplementedError(f"slot layout with padding gaps is not supported: {g}")
 
 
@@ -239,11 +256,13 @@ def encode_blocks_triton(
     geometry: BlockGeometry,
     *,
     slots: torch.Tensor | None = None,
+    escape_width: int | None = None,
     with_tags: bool = False,
     fast: bool = True,
     tile_tokens: int = 16,
 ) -> EncodedBlocks:
-    """Encode N BF16 blocks into slots in one launch (byte-identical to ``codec.encode_blocks``).
+    """Encode N BF16 blocks into slots + escape rows in one launch (byte-identical to
+    ``codec.encode_blocks``).
 
     Args:
         x: bf16 ``[N, T, D]``, T = geometry.block_size, D = geometry.head_dim.
@@ -251,13 +270,18 @@ def encode_blocks_triton(
         geometry: the block format (group_axis must be "channel").
         slots: optional preallocated uint8 ``[N, slot_bytes]`` to write into (e.g. rows of a slot
             pool); every byte of each row is written.
+        escape_width: width W of the escape rows. Default ``geometry.max_escape_bytes`` with zeros
+            past each stream (the reference's rows exactly). A smaller W (e.g.
+            ``geometry.escape_limit``, as the cache uses before :func:`append_escapes_triton`)
+            truncates longer streams (their blocks do not fit anyway) and skips the zero fill.
         fast: the group-layout kernel (BF16 pairs in 32-bit words, sub-tiles of ``tile_tokens`` rows;
             H200: 895 / 614 / 711 GB/s at d = 128 / 64 / 256) instead of the block-tile kernel
             (735 / 624 / 594 GB/s). Same bytes.
         with_tags: also write the per-group modes (int32 ``[N, T, D/8]``, as the reference's
             ``tags``) for mode statistics; +25% bytes written, so off by default (tags=None).
     Returns:
-        ``EncodedBlocks(slots [N, slot_bytes] uint8, escape_len [N] int32, fits [N] bool, tags)``.
+        ``EncodedBlocks(slots [N, slot_bytes] uint8, escapes [N, W] uint8, escape_len [N] int32,
+        fits [N] bool, tags)``.
     """
     _check_geometry(geometry)
     if x.dtype != torch.bfloat16 or x.dim() != 3 or x.shape[1:] != (geometry.block_size, geometry.head_dim):
@@ -274,6 +298,11 @@ def encode_blocks_triton(
         slots = torch.empty(n, geometry.slot_bytes, dtype=torch.uint8, device=x.device)
     elif slots.dtype != torch.uint8 or slots.shape != (n, geometry.slot_bytes) or not slots.is_contiguous():
         raise ValueError(f"slots must be contiguous uint8 [{n}, {geometry.slot_bytes}]")
+    full = escape_width is None
+    w = geometry.max_escape_bytes if full else int(escape_width)
+    if not 0 < w <= geometry.max_escape_bytes:
+        raise ValueError(f"escape_width must be in [1, {geometry.max_escape_bytes}], got {w}")
+    escapes = torch.empty(n, w, dtype=torch.uint8, device=x.device)
     esc_len = torch.empty(n, dtype=torch.int32, device=x.device)
     fits = torch.empty(n, dtype=torch.int8, device=x.device)
     tags = torch.empty(n, t, d // 8, dtype=torch.int32, device=x.device) if with_tags else None
@@ -282,9 +311,31 @@ def encode_blocks_triton(
         kern = _encode_groups_kernel if fast else _encode_kernel
         extra = dict(TS=min(tile_tokens, t)) if fast else {}
         kern[(n,)](
-            x.contiguous().view(torch.int16), b8, b16, slots, esc_len, fits, tags if with_tags else esc_len, s8,
+            x.contiguous().view(torch.int16), b8, b16, slots, escapes, esc_len, fits, tags if with_tags else esc_len, s8,
             SLOT_BYTES=g.slot_bytes, LO2_OFF=g.lo2_offset, HI1_OFF=g.hi1_offset, TAG_OFF=g.tag_offset,
-            ESC_OFF=g.esc_offset, CAP=g.escape_capacity, CAP_P2=max(16, triton.next_power_of_2(g.escape_capacity)),
+            CAP=w, CAP_P2=max(16, triton.next_power_of_2(w)), LIMIT=g.escape_limit, ZERO_FILL=full,
             T=t, D=d, WRITE_TAGS=with_tags, num_warps=4 if fast else max(4, t * d // 1024), **extra,
         )
-    return EncodedBlocks(slots=slots, escape_len=esc_len, fits=fits.bool(), tags=tags)
+    return EncodedBlocks(slots=slots, escapes=escapes, escape_len=esc_len, fits=fits.bool(), tags=tags)
+
+
+def append_escapes_triton(enc: EncodedBlocks, heap: torch.Tensor, used: torch.Tensor) -> torch.Tensor:
+    """Append the escape streams of the fitting blocks of ``enc`` to an escape heap, in block order
+    (the layout of ``codec.pack_escapes``), without a host sync.
+
+    Args:
+        enc: output of :func:`encode_blocks_triton` (escape rows of any width).
+        heap: uint8 ``[M]``; the caller guarantees room: ``used + sum(escape_len[fits]) <= M``.
+        used: int64 ``[]`` or ``[1]`` device tensor, bytes of the heap in use; advanced in place.
+    Returns:
+        int64 ``[N]``: each block's stream offset in the heap (meaningless where ``~fits``).
+    """
+    lens = torch.where(enc.fits, enc.escape_len.to(torch.int64), 0)
+    ends = torch.cumsum(lens, 0) + used.reshape(())
+    start = ends - lens
+    n = lens.shape[0]
+    if n:
+        dst = torch.where(enc.fits, start, -1)
+        _append_escapes_kernel[(n,)](enc.escapes, enc.escapes.shape[1], enc.escape_len, dst, heap, CHUNK=256)
+        used.copy_(ends[-1].reshape(used.shape))
+    return start

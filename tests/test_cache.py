@@ -29,8 +29,8 @@ from gaac_hf.calibration import (
     exponent_histogram,
     model_kv_shape,
 )
-from gaac_hf.codec import decode_blocks, encode_blocks
-from gaac_hf.format import ALIGN, BlockGeometry
+from gaac_hf.codec import decode_blocks
+from gaac_hf.format import BlockGeometry
 
 pytestmark = pytest.mark.slow
 
@@ -56,15 +56,6 @@ def kv_table(model, ids: torch.Tensor, geometry: BlockGeometry, name: str = "smo
         model(ids, past_key_values=cache, use_cache=True)
     kv = torch.stack([torch.stack([layer.keys[0], layer.values[0]]) for layer in cache.layers])  # [L, 2, H, S, D]
     base8, base16 = choose_windows(exponent_histogram(kv))
-    if geometry.escape_capacity == 0:  # pick the capacity: 99.9% of calibration blocks fit
-        t, d = geometry.block_size, geometry.head_dim
-        s = kv.shape[3] // t * t
-        blocks = kv[:, :, :, :s].reshape(*kv.shape[:3], s // t, t, d)
-        b8 = base8[:, :, :, None].expand(*blocks.shape[:4], d).reshape(-1, d)
-        b16 = base16[:, :, :, None].expand(*blocks.shape[:4], d).reshape(-1, d)
-        esc = encode_blocks(blocks.reshape(-1, t, d), b8, b16, geometry).escape_len.double()
-        cap = int(torch.quantile(esc, 0.999).item())
-        geometry = BlockGeometry(t, d, max(ALIGN, -(-cap // ALIGN) * ALIGN), geometry.group_axis)
     meta = {"model_name": name, "kv_shape": model_kv_shape(model.config), "fingerprint": config_fingerprint(model.config)}
     return CalibrationTable(base8, base16, geometry, meta)
 
@@ -102,7 +93,7 @@ def table(model_tok) -> CalibrationTable:
     model, tok = model_tok
     calib = (SHARED / "data" / "wikitext-2-v1" / "valid.txt").read_text(encoding="utf-8")[:20000]
     ids = tok(calib, return_tensors="pt").input_ids[:, :512]
-    return kv_table(model, ids, BlockGeometry(block_size=BLOCK, head_dim=64, escape_capacity=0))
+    return kv_table(model, ids, BlockGeometry(block_size=BLOCK, head_dim=64))
 
 
 def gen_kwargs(tok, **kw) -> dict:
@@ -312,7 +303,7 @@ def test_stored_blocks_decode_to_dynamic_cache_bits(model_tok, table, text_ids):
                 fit = e >= 0
                 got = torch.empty(nb, g.block_size, g.head_dim, dtype=torch.bfloat16)
                 if fit.any():
-                    got[fit] = decode_blocks(pool.slots[e[fit]], b8[h], b16[h], g)
+                    got[fit] = decode_blocks(pool.slots[e[fit]], (pool.heap, pool.esc_start[e[fit]]), b8[h], b16[h], g)
                 got[~fit] = pool.raw[-e[~fit] - 1]
                 raw_seen += int((~fit).sum())
                 exp = want[0, h, : nb * g.block_size].reshape(nb, g.block_size, g.head_dim)
@@ -341,12 +332,20 @@ def test_stats_ratio_on_real_text(model_tok, table, text_ids):
 # ---------------------------------------------------------------------------------------------
 # cache bookkeeping on synthetic KV (no model forward)
 # ---------------------------------------------------------------------------------------------
-def _windowed(table, kind: int, rows: int, tokens: int, gen: torch.Generator, wild: float) -> torch.Tensor:
+def _windowed(table, kind: int, rows: int, tokens: int, gen: torch.Generator, wild: float,
+              start: int = 0, raw_every: int = 0) -> torch.Tensor:
     """Synthetic bf16 ``[rows, 3, tokens, 64]`` K (kind 0) or V (1) inside layer 0's windows, except a
-    fraction ``wild`` of values with arbitrary exponents (they push groups to 4-bit/raw, blocks to raw)."""
+    fraction ``wild`` of values with arbitrary exponents (they push groups to 4-bit/raw). With
+    ``raw_every = n``, kv-head 1 of every n-th block (by absolute position: the chunk starts at token
+    ``start``) is wild throughout: all its groups are raw, its stream is past the escape limit, and the
+    cache must store it as a raw fallback."""
     b8 = table.base8[0, kind].to(torch.int32)  # [H, D]
     exp = b8[None, :, None, :] + torch.randint(0, 8, (rows, 3, tokens, 64), generator=gen, dtype=torch.int32)
     wild_mask = torch.rand(rows, 3, tokens, 64, generator=gen) < wild
+    if raw_every:
+        pos = start + torch.arange(tokens)
+        hit = (pos // BLOCK) % raw_every == raw_every - 1
+        wild_mask[:, 1] |= hit[None, :, None]
     exp = torch.where(wild_mask, torch.randint(1, 255, exp.shape, generator=gen, dtype=torch.int32), exp)
     sm = torch.randint(0, 256, exp.shape, generator=gen, dtype=torch.int32)
     bits = ((sm & 0x80) << 8) | (exp << 7) | (sm & 0x7F)
@@ -355,8 +354,8 @@ def _windowed(table, kind: int, rows: int, tokens: int, gen: torch.Generator, wi
 
 def _filled(table, model, rows: int, tokens: int, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
-    k = _windowed(table, 0, rows, tokens, g, wild=0.002)
-    v = _windowed(table, 1, rows, tokens, g, wild=0.005)  # some raw-fallback blocks
+    k = _windowed(table, 0, rows, tokens, g, wild=0.002, raw_every=2)
+    v = _windowed(table, 1, rows, tokens, g, wild=0.005, raw_every=3)  # some raw-fallback blocks
     cache = GAACCache(model.config, calibration=table, return_full_kv=True)
     dyn = DynamicCache(config=model.config)
     cache.update(k, v, 0)
@@ -388,10 +387,12 @@ def test_special_values_survive_the_cache_bit_for_bit(model_tok, table):
     g = torch.Generator().manual_seed(7)
     cache = GAACCache(model.config, calibration=table, return_full_kv=True)
     dyn = DynamicCache(config=model.config)
+    pos = 0
     for step, tokens in enumerate((70, 1, 1, 30, 1)):
         share = 0.02 if step % 2 else 0.0005  # sparse specials keep most blocks compressed
-        k = _with_specials(_windowed(table, 0, 2, tokens, g, 0.002), g, share)
+        k = _with_specials(_windowed(table, 0, 2, tokens, g, 0.002, start=pos, raw_every=4), g, share)
         v = _with_specials(_windowed(table, 1, 2, tokens, g, 0.002), g, share)
+        pos += tokens
         cache.update(k, v, 0)
         dyn.update(k, v, 0)
         _assert_layer0_equal(cache, dyn)
@@ -515,7 +516,7 @@ def test_non_bf16_model_is_rejected(table):
     tiny = LlamaForCausalLM(cfg).eval()  # float32
     ids = torch.randint(0, 64, (1, 40))
     with torch.no_grad():
-        t = kv_table(tiny.to(torch.bfloat16), ids, BlockGeometry(BLOCK, 64, 64), name="tiny")
+        t = kv_table(tiny.to(torch.bfloat16), ids, BlockGeometry(BLOCK, 64), name="tiny")
         tiny.to(torch.float32)
         with pytest.raises(ValueError, match="bfloat16"):
             tiny(ids, past_key_values=GAACCache(tiny.config, calibration=t))
@@ -547,7 +548,7 @@ def test_hybrid_sliding_window_model_keeps_stock_sliding_layers():
                            layer_types=["sliding_attention", "full_attention"] * 2, attn_implementation="sdpa")
     torch.manual_seed(0)
     model = Gemma3ForCausalLM(cfg).to(torch.bfloat16).eval()
-    table = kv_table(model, torch.randint(0, 128, (1, 20)), BlockGeometry(BLOCK, 64, 0), name="tiny-gemma3")
+    table = kv_table(model, torch.randint(0, 128, (1, 20)), BlockGeometry(BLOCK, 64), name="tiny-gemma3")
     ids = torch.randint(0, 128, (2, 60))
     mask = torch.ones_like(ids)
     mask[1, :9] = 0

@@ -29,7 +29,7 @@ def model_table():
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
     ids = torch.randint(100, 49000, (1, 512), device="cuda")
-    table = kv_table(model, ids, BlockGeometry(16, 64, 0), name="random-smollm2-shape")
+    table = kv_table(model, ids, BlockGeometry(16, 64), name="random-smollm2-shape")
     return model, table.to("cpu")
 
 
@@ -76,7 +76,8 @@ def test_triton_codec_slots_decode_with_the_reference_codec(model_table):
             e = layer.tables[kind][:, :, : layer.num_blocks].reshape(-1).long()
             heads = torch.arange(3, device="cuda").view(1, 3, 1).expand(2, 3, layer.num_blocks).reshape(-1)
             b8, b16 = pool.base8[heads], pool.base16[heads]
-            got = decode_blocks(pool.slots[e.clamp(min=0)], b8, b16, g, validate=False)
+            s = e.clamp(min=0)
+            got = decode_blocks(pool.slots[s], (pool.heap, pool.esc_start[s]), b8, b16, g, validate=False)
             got = torch.where((e < 0)[:, None, None], pool.raw[(-e - 1).clamp(min=0)], got)
             exp = want[:, :, : layer.num_blocks * g.block_size].reshape(-1, g.block_size, g.head_dim)
             assert same_bits(got, exp)
@@ -143,8 +144,9 @@ def test_decode_finalize_without_host_sync(model_table):
         layer.append(k, v)
 
     push(_windowed(table, 0, 2, 64, g, 0.002).cuda(), _windowed(table, 1, 2, 64, g, 0.004).cuda())  # prefill
-    steps = [(_windowed(table, 0, 2, 1, g, 0.002).cuda(), _windowed(table, 1, 2, 1, g, 0.05).cuda())
-             for _ in range(40)]  # 2.5 blocks of decode steps
+    steps = [(_windowed(table, 0, 2, 1, g, 0.002).cuda(),
+              _windowed(table, 1, 2, 1, g, 0.05, start=64 + i, raw_every=2).cuda())  # raw fallbacks on the way
+             for i in range(40)]  # 2.5 blocks of decode steps
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:

@@ -1,4 +1,5 @@
-"""Calibration: window choice, escape capacity, the table file and its checks, K/V collection, the CLI."""
+"""Calibration: window choice, escape statistics, the table file and its checks (and the v1 -> v2
+upgrade), K/V collection, the CLI."""
 import json
 from pathlib import Path
 
@@ -8,7 +9,6 @@ import torch
 from gaac_hf.calibration import (
     CalibrationTable,
     block_tags,
-    choose_escape_capacity,
     choose_windows,
     config_fingerprint,
     exponent_histogram,
@@ -84,11 +84,11 @@ def test_exponent_histogram_counts_fields():
 
 
 # ---------------------------------------------------------------------------------------------
-# modes and escape capacity
+# modes
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("axis", ["channel", "token"])
 def test_block_tags_match_the_codec(axis):
-    g = BlockGeometry(block_size=16, head_dim=64, escape_capacity=512, group_axis=axis)
+    g = BlockGeometry(block_size=16, head_dim=64, group_axis=axis)
     gen = torch.Generator().manual_seed(1)
     x = (torch.randn(3, 16, 64, generator=gen) * torch.logspace(-3, 1, 64)).bfloat16()
     b8, b16 = choose_windows(exponent_histogram(x.reshape(-1, 64)))
@@ -97,17 +97,6 @@ def test_block_tags_match_the_codec(axis):
     ref = encode_blocks(x, b8, b16, g).tags.reshape(3, -1)
     assert torch.equal(tags, ref)
     assert set(tags.unique().tolist()) <= {0, 1, 2}
-
-
-def test_choose_escape_capacity_rule():
-    g = BlockGeometry(block_size=64, head_dim=64, escape_capacity=0)
-    esc = torch.arange(1000)
-    assert choose_escape_capacity(esc, g, 0.999) == 1008  # quantile 999 rounded up to 16
-    assert choose_escape_capacity(esc, g, 0.5) == 512
-    assert choose_escape_capacity(torch.zeros(10, dtype=torch.int64), g) == 16  # at least one vector
-    assert choose_escape_capacity(torch.full((4,), 10**6), g) == g.max_escape_bytes  # never past all-raw
-    with pytest.raises(ValueError):
-        choose_escape_capacity(torch.zeros(0), g)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -131,7 +120,7 @@ def random_table(config, axis="channel") -> CalibrationTable:
     shape = (s["num_layers"], 2, s["num_kv_heads"], s["head_dim"])
     b8 = torch.randint(100, 140, shape, generator=gen, dtype=torch.uint8)
     meta = {"model_name": "tiny", "fingerprint": config_fingerprint(config), "kv_shape": s, "context": 128, "list": [1, 2]}
-    return CalibrationTable(b8, b8 - 4, BlockGeometry(64, s["head_dim"], 96, axis), meta)
+    return CalibrationTable(b8, b8 - 4, BlockGeometry(64, s["head_dim"], axis), meta)
 
 
 def test_table_round_trip(tmp_path):
@@ -153,6 +142,27 @@ def test_table_format_version_mismatch(tmp_path):
     save_file({"base8": t.base8, "base16": t.base16}, str(p), metadata={"gaac": json.dumps(header)})
     with pytest.raises(ValueError, match="format version"):
         CalibrationTable.load(p)
+
+
+def test_v1_table_is_refused_then_upgraded_keeping_the_windows(tmp_path):
+    from safetensors.torch import save_file
+
+    from gaac_hf.calibration import upgrade_table_file
+
+    t = random_table(tiny_config())
+    v1_geometry = {"block_size": 64, "head_dim": 64, "escape_capacity": 112, "group_axis": "channel", "format_version": 1}
+    header = {"format_version": 1, "geometry": v1_geometry, "meta": t.meta | {"escape_capacity": {"bytes": 112}}}
+    p = tmp_path / "v1.safetensors"
+    save_file({"base8": t.base8, "base16": t.base16}, str(p), metadata={"gaac": json.dumps(header)})
+    with pytest.raises(ValueError, match="upgrade_table_file"):
+        CalibrationTable.load(p)
+    out = upgrade_table_file(p, tmp_path / "v2.safetensors")
+    u = CalibrationTable.load(out)
+    assert torch.equal(u.base8, t.base8) and torch.equal(u.base16, t.base16)  # windows bit for bit
+    assert u.geometry == BlockGeometry(64, 64) and u.meta["upgraded_from"] == {"format_version": 1, "escape_capacity": 112}
+    assert "escape_capacity" not in u.meta
+    assert upgrade_table_file(out) == out  # a v2 file is left alone
+    u.check_model(tiny_config())
 
 
 def test_not_a_table(tmp_path):
@@ -227,7 +237,10 @@ def test_calibrate_tiny_model(tiny, tiny_model_dir):
     text = (tiny_model_dir / "text.txt").read_text()
     t = calibrate(model, tok, text, context=128, block_size=64, text_name="tiny.txt", progress=False)
     t.check_model(model.config)
-    assert t.base8.shape == (2, 2, 1, 64) and t.geometry.escape_capacity % 16 == 0
+    assert t.base8.shape == (2, 2, 1, 64) and t.geometry == BlockGeometry(64, 64)
+    esc = t.meta["escapes"]
+    assert esc["escape_limit"] == t.geometry.escape_limit and esc["blocks"] == 3 * 2 * 2 * 1 * 2  # chunks, L, K/V, H, blocks per chunk
+    assert 1.0 < esc["ratio_estimate"] <= 8192 / 5760
     m = t.meta
     assert m["text"]["name"] == "tiny.txt" and len(m["text"]["sha256"]) == 64 and m["tokens"] == 384
     assert m["kv_shape"]["head_dim"] == 64 and m["context"] == 128 and m["date"]

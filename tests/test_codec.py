@@ -8,7 +8,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gaac_hf.codec import decode_blocks, decode_tensor, encode_blocks, encode_tensor, group_modes, split_bf16
+from gaac_hf.codec import (
+    decode_blocks,
+    decode_tensor,
+    encode_blocks,
+    encode_tensor,
+    group_modes,
+    pack_escapes,
+    split_bf16,
+)
 from gaac_hf.format import (
     ALIGN,
     ESCAPE_BYTES,
@@ -30,17 +38,15 @@ def assert_same_bits(a: torch.Tensor, b: torch.Tensor) -> None:
     assert not diff.any(), f"{int(diff.sum())} values changed bits, first at {diff.nonzero()[0].tolist()}"
 
 
-def full_capacity(block_size: int, head_dim: int, axis: str = "channel") -> BlockGeometry:
-    """A geometry whose slot holds even an all-raw block, so every block fits."""
-    g = BlockGeometry(block_size, head_dim, 0, axis)
-    cap = (g.max_escape_bytes + ALIGN - 1) // ALIGN * ALIGN
-    return BlockGeometry(block_size, head_dim, cap, axis)
-
-
 def roundtrip(x, b8, b16, g):
+    """Encode, then decode every block twice: from the escape rows and from a packed escape heap
+    (the two forms must agree; blocks past the escape limit decode too, they are only stored raw)."""
     enc = encode_blocks(x, b8, b16, g)
-    assert enc.fits.all()
-    return enc, decode_blocks(enc.slots, b8, b16, g)
+    y = decode_blocks(enc.slots, enc.escapes, b8, b16, g)
+    heap, start = pack_escapes(enc.escapes, enc.escape_len)
+    assert heap.numel() == int(enc.escape_len.sum())
+    assert_same_bits(decode_blocks(enc.slots, (heap, start), b8, b16, g), y)
+    return enc, y
 
 
 # ------------------------------------------------------------------------------------------------
@@ -56,7 +62,7 @@ def test_every_bf16_pattern_in_every_channel(head_dim, axis, layout):
         placed at a different offset below its exponents: all three modes occur for every pattern range.
     scattered: x[r, c] = pattern r + 257c with random per-channel bases: nearly every group is raw.
     """
-    g = full_capacity(64, head_dim, axis)
+    g = BlockGeometry(64, head_dim, axis)
     r = torch.arange(65536).unsqueeze(1)
     c = torch.arange(head_dim).unsqueeze(0)
     step = 1 if layout == "near" else 257
@@ -95,7 +101,7 @@ def _block_with_exponents(exps: torch.Tensor) -> torch.Tensor:
 
 
 def test_modes_and_escape_lengths():
-    g = BlockGeometry(16, 64, escape_capacity=64)
+    g = BlockGeometry(16, 64)
     b8 = torch.full((64,), 120, dtype=torch.uint8)
     b16 = torch.full((64,), 116, dtype=torch.uint8)
     e = torch.full((1, 16, 64), 123)  # inside both windows -> 3-bit everywhere
@@ -110,8 +116,11 @@ def test_modes_and_escape_lengths():
     assert int((tags != MODE_3BIT).sum()) == 3
     want = ESCAPE_BYTES[MODE_4BIT] + 2 * ESCAPE_BYTES[MODE_RAW]
     assert int(enc.escape_len[0]) == want
-    # bytes past the escape stream are zero: a slot is a deterministic function of its block
-    assert not enc.slots[0, g.esc_offset + want :].any()
+    # bytes past the escape stream are zero: the rows are a deterministic function of the block
+    assert enc.escapes[0, :want].any() and not enc.escapes[0, want:].any()
+    # the stream in group order: 4-bit group (row 0, group 0) first: its escape byte is bit 3 of the
+    # 8 coded values (130 - 116 = 14 -> bit 3 set for value 3 only); then the two raw groups
+    assert int(enc.escapes[0, 0]) == 1 << 3
 
 
 def test_group_modes_pick_narrowest():
@@ -121,40 +130,50 @@ def test_group_modes_pick_narrowest():
     assert group_modes(exp, b8, b16).flatten().tolist() == [MODE_3BIT, MODE_4BIT, MODE_RAW]
 
 
-def test_overflowing_block_is_flagged_not_truncated():
-    g = BlockGeometry(16, 64, escape_capacity=16)
+def test_block_past_the_escape_limit_is_flagged_not_truncated():
+    g = BlockGeometry(16, 64)
     b8 = torch.full((64,), 120, dtype=torch.uint8)
     b16 = torch.full((64,), 116, dtype=torch.uint8)
-    e = torch.full((2, 16, 64), 121)
-    e[1, :, ::8] = 250  # one raw group per 8 channels -> 16*8*5 escape bytes >> 16
-    enc = encode_blocks(_block_with_exponents(e), b8, b16, g)
-    assert enc.fits.tolist() == [True, False]
-    assert int(enc.escape_len[1]) == 16 * 8 * 5
-    with pytest.raises(ValueError, match="exceed"):
-        decode_blocks(enc.slots[1:], b8, b16, g)
+    e = torch.full((3, 16, 64), 121)
+    e[1, :, ::8] = 250  # every group raw: 16*8*5 = 640 escape bytes > the limit (2048 - 1440 = 608)
+    e[2, :, ::8] = 250
+    e[2, :2, ::8] = 121  # 14 rows of raw groups: 560 bytes, just inside the limit
+    x = _block_with_exponents(e)
+    enc, y = roundtrip(x, b8, b16, g)
+    assert g.escape_limit == 608
+    assert enc.fits.tolist() == [True, False, True]
+    assert enc.escape_len.tolist() == [0, 640, 560]
+    assert_same_bits(y, x)  # the stream is complete in the rows even when the block does not fit
+    heap, start = pack_escapes(enc.escapes, enc.escape_len)
+    with pytest.raises(ValueError, match="past the escape heap"):
+        decode_blocks(enc.slots, (heap[:-1], start), b8, b16, g)
 
 
 def test_geometry_layout_and_version():
     for d in (64, 128, 256):
         for t in (16, 64, 256):
-            g = BlockGeometry(t, d, 128)
-            offs = [g.sm_offset, g.lo2_offset, g.hi1_offset, g.tag_offset, g.esc_offset, g.slot_bytes]
+            g = BlockGeometry(t, d)
+            offs = [g.sm_offset, g.lo2_offset, g.hi1_offset, g.tag_offset, g.slot_bytes]
             assert all(o % ALIGN == 0 for o in offs) and offs == sorted(offs)
-            assert g.slot_bytes == t * d * (1 + 1 / 4 + 1 / 8 + 1 / 32) + 128
-    g = BlockGeometry(64, 128, 64, "token")
+            assert g.slot_bytes == t * d * (1 + 1 / 4 + 1 / 8 + 1 / 32)
+            assert g.escape_limit == 2 * t * d - g.slot_bytes < g.max_escape_bytes
+    g = BlockGeometry(64, 128, "token")
     assert BlockGeometry.from_dict(g.to_dict()) == g
+    assert g.to_dict()["format_version"] == FORMAT_VERSION == 2
     with pytest.raises(ValueError, match="version"):
         BlockGeometry.from_dict(g.to_dict() | {"format_version": FORMAT_VERSION + 1})
-    for bad in (dict(block_size=48), dict(head_dim=96), dict(escape_capacity=10), dict(group_axis="diag")):
+    with pytest.raises(ValueError, match="upgrade_table_file"):  # a v1 table is refused with the way out
+        BlockGeometry.from_dict(g.to_dict() | {"format_version": 1, "escape_capacity": 112})
+    for bad in (dict(block_size=48), dict(head_dim=96), dict(group_axis="diag")):
         with pytest.raises(ValueError):
-            BlockGeometry(**(dict(block_size=64, head_dim=64, escape_capacity=64) | bad))
+            BlockGeometry(**(dict(block_size=64, head_dim=64) | bad))
 
 
 # ------------------------------------------------------------------------------------------------
 # bad input
 # ------------------------------------------------------------------------------------------------
 def test_bad_input_errors():
-    g = BlockGeometry(16, 64, 64)
+    g = BlockGeometry(16, 64)
     b = torch.zeros(64, dtype=torch.uint8)
     for dt in (torch.float16, torch.float32):
         with pytest.raises(TypeError, match="bfloat16"):
@@ -170,13 +189,17 @@ def test_bad_input_errors():
     with pytest.raises(ValueError, match="base16"):
         encode_blocks(torch.zeros(1, 16, 64, dtype=torch.bfloat16), b, torch.zeros(32, dtype=torch.uint8), g)
     with pytest.raises(ValueError, match="slots"):
-        decode_blocks(torch.zeros(1, g.slot_bytes - 1, dtype=torch.uint8), b, b, g)
+        decode_blocks(torch.zeros(1, g.slot_bytes - 1, dtype=torch.uint8), torch.zeros(1, 8, dtype=torch.uint8), b, b, g)
+    with pytest.raises(ValueError, match="escapes"):
+        decode_blocks(torch.zeros(1, g.slot_bytes, dtype=torch.uint8), torch.zeros(2, 8, dtype=torch.uint8), b, b, g)
+    with pytest.raises(ValueError, match="esc_start"):
+        decode_blocks(torch.zeros(1, g.slot_bytes, dtype=torch.uint8), (torch.zeros(8, dtype=torch.uint8), torch.zeros(2, dtype=torch.int64)), b, b, g)
     with pytest.raises(ValueError, match="base8"):
         encode_tensor(torch.zeros(2, 40, 64, dtype=torch.bfloat16), b[None], b[None].expand(2, 64), g)
-    slots = encode_blocks(torch.ones(1, 16, 64, dtype=torch.bfloat16), b + 120, b + 120, g).slots
-    slots[0, g.tag_offset] = 0xFF  # reserved tag 3
+    enc = encode_blocks(torch.ones(1, 16, 64, dtype=torch.bfloat16), b + 120, b + 120, g)
+    enc.slots[0, g.tag_offset] = 0xFF  # reserved tag 3
     with pytest.raises(ValueError, match="reserved"):
-        decode_blocks(slots, b + 120, b + 120, g)
+        decode_blocks(enc.slots, enc.escapes, b + 120, b + 120, g)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -220,8 +243,7 @@ def blocks(draw):
     else:
         b8 = torch.randint(0, 249, (n, d), generator=gen, dtype=torch.uint8)
         b16 = torch.randint(0, 241, (n, d), generator=gen, dtype=torch.uint8)
-    cap = draw(st.sampled_from([0, 16, 256, 100000]))
-    g = BlockGeometry(t, d, (cap + 15) // 16 * 16, axis)
+    g = BlockGeometry(t, d, axis)
     return xb.view(torch.bfloat16), b8, b16, g
 
 
@@ -229,8 +251,10 @@ def blocks(draw):
 @given(blocks())
 def test_property_roundtrip_bits(case):
     x, b8, b16, g = case
-    enc = encode_blocks(x, b8, b16, g)
-    assert (enc.fits == (enc.escape_len <= g.escape_capacity)).all()
+    enc, y = roundtrip(x, b8, b16, g)
+    assert_same_bits(y, x)  # every block, fitting or not
+    assert (enc.fits == (enc.escape_len <= g.escape_limit)).all()
+    assert (enc.escapes[torch.arange(enc.escapes.shape[1]) >= enc.escape_len[:, None]] == 0).all()
     # tags are the narrowest fitting mode
     e, _ = split_bf16(x)
     bb8 = (b8 if b8.dim() == 2 else b8[None]).to(torch.int32)[:, None, :].expand_as(e)
@@ -238,10 +262,12 @@ def test_property_roundtrip_bits(case):
     rows = (lambda t: t) if g.group_axis == "channel" else (lambda t: t.transpose(-1, -2))
     assert torch.equal(enc.tags, group_modes(rows(e), rows(bb8), rows(bb16)))
     fit = enc.fits
-    if fit.any():
+    if fit.any():  # what a cache stores: the fitting blocks' streams packed into a heap
         b8f = b8[fit] if b8.dim() == 2 else b8
         b16f = b16[fit] if b16.dim() == 2 else b16
-        assert_same_bits(decode_blocks(enc.slots[fit], b8f, b16f, g), x[fit])
+        heap, start = pack_escapes(enc.escapes[fit], enc.escape_len[fit], start=3)
+        heap = torch.cat([torch.full((3,), 0xEE, dtype=torch.uint8), heap])
+        assert_same_bits(decode_blocks(enc.slots[fit], (heap, start), b8f, b16f, g), x[fit])
 
 
 @settings(max_examples=25, deadline=None)
@@ -249,14 +275,14 @@ def test_property_roundtrip_bits(case):
 def test_property_tensor_api(heads, seq, d, seed):
     gen = torch.Generator().manual_seed(seed)
     x = (torch.randn(heads, seq, d, generator=gen) * 0.3).to(torch.bfloat16)
-    g = BlockGeometry(32, d, 32)
+    g = BlockGeometry(32, d)
     b8 = torch.full((heads, d), 120, dtype=torch.uint8)
     b16 = torch.full((heads, d), 114, dtype=torch.uint8)
     enc = encode_tensor(x, b8, b16, g)
     assert enc.tail.shape == (heads, seq % 32, d)
     assert enc.raw.shape[0] == int((~enc.blocks.fits).sum())
     assert_same_bits(decode_tensor(enc, b8, b16), x)
-    assert enc.nbytes(with_overhead=False) <= enc.nbytes(with_overhead=True) + 8 * enc.num_blocks
+    assert enc.nbytes(with_overhead=False) <= enc.nbytes(with_overhead=True)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -283,7 +309,7 @@ def test_real_smollm2_kv_bit_exact(real_kv, axis):
     L, _, H, S, D = real_kv.shape
     # windows from the first 256 tokens, evaluated on all 768 (K drifts with position)
     b8, b16 = choose_windows(exponent_histogram(real_kv[..., :256, :]))  # [L, 2, H, D]
-    g = BlockGeometry(64, D, 256, axis)
+    g = BlockGeometry(64, D, axis)
     stored = plain = 0
     for layer in range(L):
         for kind in range(2):
@@ -297,14 +323,17 @@ def test_real_smollm2_kv_bit_exact(real_kv, axis):
 
 def test_decoder_detects_any_single_plane_corruption():
     """Flipping one bit in any plane of a slot changes the decoded bits (nothing is redundant)."""
-    g = BlockGeometry(16, 64, 256)
+    g = BlockGeometry(16, 64)
     gen = torch.Generator().manual_seed(0)
     x = (torch.randn(1, 16, 64, generator=gen) * 0.1).to(torch.bfloat16)
     b8 = torch.full((64,), 119, dtype=torch.uint8)
     b16 = torch.full((64,), 115, dtype=torch.uint8)
     enc = encode_blocks(x, b8, b16, g)
-    assert enc.fits.all()
+    assert enc.fits.all() and int(enc.escape_len[0]) > 0
     for off in (g.sm_offset, g.lo2_offset + 3, g.hi1_offset + 5):
         s = enc.slots.clone()
         s[0, off] ^= 1
-        assert not torch.equal(bits(decode_blocks(s, b8, b16, g)), bits(x))
+        assert not torch.equal(bits(decode_blocks(s, enc.escapes, b8, b16, g)), bits(x))
+    esc = enc.escapes.clone()
+    esc[0, 0] ^= 1  # the escape stream too
+    assert not torch.equal(bits(decode_blocks(enc.slots, esc, b8, b16, g)), bits(x))

@@ -18,9 +18,9 @@ from gaac_hf.kernels.synth import calibrate, synthetic_kv
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _case(B, HKV, GQ, D, T, lens, seed, dev=DEV, cap=None, force_raw_every=0):
+def _case(B, HKV, GQ, D, T, lens, seed, dev=DEV, force_raw_every=0):
     S = max(lens)
-    geom = BlockGeometry(block_size=T, head_dim=D, escape_capacity=cap if cap is not None else T * D // 32)
+    geom = BlockGeometry(block_size=T, head_dim=D)
     k = synthetic_kv((B, HKV, S, D), "k", seed=seed, device=dev)
     v = synthetic_kv((B, HKV, S, D), "v", seed=seed + 1, device=dev)
     kb8, kb16 = calibrate(k)
@@ -43,7 +43,7 @@ def _case(B, HKV, GQ, D, T, lens, seed, dev=DEV, cap=None, force_raw_every=0):
 def _gaac(geom, q, bases, pk, pv, **kw):
     out = torch.full_like(q, float("nan"))  # poison: every row must be written
     return gaac_decode_attention(
-        q, pk["slots"], pv["slots"], pk["raw"], pv["raw"], pk["table"], pv["table"], pk["tail"], pv["tail"],
+        q, pk["slots"], pv["slots"], pk["heap"], pv["heap"], pk["esc_start"], pv["esc_start"], pk["raw"], pv["raw"], pk["table"], pv["table"], pk["tail"], pv["tail"],
         pk["num_blocks"], pk["tail_len"], *bases, geom, out=out, **kw,
     )
 
@@ -123,12 +123,33 @@ def test_corrupt_slot_is_detected_by_bit_identity():
     assert not torch.equal(out.view(torch.int16), base.view(torch.int16))
 
 
+def test_escape_streams_are_read_at_esc_start():
+    """The kernel finds each block's stream through esc_start, wherever it lies in the heap: the
+    streams re-laid out in reverse order give the same bits; one flipped escape byte breaks them."""
+    lens = [130]
+    geom, q, k, v, bases, pk, pv = _case(1, 2, 4, 64, 16, lens, seed=17)
+    base = _bf16(geom, q, k, v, lens, num_splits=2)
+    assert torch.equal(_gaac(geom, q, bases, pk, pv, num_splits=2).view(torch.int16), base.view(torch.int16))
+    for p in (pk, pv):
+        start, heap = p["esc_start"], p["heap"][: p["escape_bytes"]]
+        lens_b = torch.diff(torch.cat([start, start.new_tensor([heap.numel()])]))
+        assert (lens_b > 0).all()  # every block of this data has 4-bit or raw groups
+        parts = [heap[int(a): int(a) + int(n)] for a, n in zip(start, lens_b)][::-1]
+        new_heap = torch.cat([torch.full((7,), 0xEE, dtype=torch.uint8, device=heap.device), *parts])
+        rev = lens_b.flip(0)
+        new_start = (7 + torch.cumsum(rev, 0) - rev).flip(0)  # block i's stream, now in reverse order
+        p["heap"], p["esc_start"] = new_heap.contiguous(), new_start.contiguous()
+    assert torch.equal(_gaac(geom, q, bases, pk, pv, num_splits=2).view(torch.int16), base.view(torch.int16))
+    pv["heap"][int(pv["esc_start"][0])] ^= 0xFF  # exponent bit 3 of the first escaped group of V block 0
+    assert not torch.equal(_gaac(geom, q, bases, pk, pv, num_splits=2).view(torch.int16), base.view(torch.int16))
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("HKV,GQ,D", [(8, 4, 128), (3, 3, 64), (1, 4, 256)])
 def test_attention_gpu_real_size(HKV, GQ, D):
     lens = [8192 + 37, 4096, 3000 + 64 * 7]
-    geom, q, k, v, bases, pk, pv = _case(3, HKV, GQ, D, 64, lens, seed=D, cap=256 * D // 128, force_raw_every=5)
+    geom, q, k, v, bases, pk, pv = _case(3, HKV, GQ, D, 64, lens, seed=D, force_raw_every=5)
     out = _gaac(geom, q, bases, pk, pv)
     ref = attention_reference(q, k, v, lens)
     assert _rel(out, ref) < 1e-2

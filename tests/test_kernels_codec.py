@@ -1,14 +1,15 @@
-"""Triton encoder/decoder vs the reference codec: byte-identical slots, bit-identical decode.
+"""Triton encoder/decoder vs the reference codec: byte-identical slots, escape rows and escape heap,
+bit-identical decode.
 
 Runs on CPU through TRITON_INTERPRET=1 (set in conftest.py); the @gpu variants run real sizes on CUDA.
 """
 import pytest
 import torch
 
-from gaac_hf.codec import decode_blocks, encode_blocks
+from gaac_hf.codec import decode_blocks, encode_blocks, pack_escapes
 from gaac_hf.format import BlockGeometry
 from gaac_hf.kernels.decode import decode_blocks_triton
-from gaac_hf.kernels.encode import encode_blocks_triton
+from gaac_hf.kernels.encode import append_escapes_triton, encode_blocks_triton
 from gaac_hf.kernels.synth import calibrate, synthetic_kv
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -38,14 +39,14 @@ def _adversarial(n, t, d, seed):
 
 
 GEOMS = [
-    BlockGeometry(block_size=16, head_dim=64, escape_capacity=64),
-    BlockGeometry(block_size=32, head_dim=128, escape_capacity=256),
-    BlockGeometry(block_size=16, head_dim=256, escape_capacity=128),
-    BlockGeometry(block_size=64, head_dim=128, escape_capacity=0),
+    BlockGeometry(block_size=16, head_dim=64),
+    BlockGeometry(block_size=32, head_dim=128),
+    BlockGeometry(block_size=16, head_dim=256),
+    BlockGeometry(block_size=64, head_dim=128),
 ]
 
 
-@pytest.mark.parametrize("geom", GEOMS, ids=lambda g: f"T{g.block_size}-D{g.head_dim}-cap{g.escape_capacity}")
+@pytest.mark.parametrize("geom", GEOMS, ids=lambda g: f"T{g.block_size}-D{g.head_dim}")
 @pytest.mark.parametrize("per_block_bases", [False, True])
 @pytest.mark.parametrize("fast", [False, True], ids=["block", "groups"])
 def test_encode_matches_reference(geom, per_block_bases, fast):
@@ -62,9 +63,22 @@ def test_encode_matches_reference(geom, per_block_bases, fast):
     assert torch.equal(got.escape_len, ref.escape_len)
     assert torch.equal(got.fits, ref.fits)
     assert torch.equal(got.slots, ref.slots)
-    assert not got.fits.all()  # the random-bits block always overflows
-    if not per_block_bases and geom.escape_capacity:
-        assert got.fits.any()  # KV-like blocks fit: both kinds exercised
+    assert torch.equal(got.escapes, ref.escapes)  # full-width rows, zeros past the stream
+    assert not got.fits.all()  # the random-bits block is longer than the escape limit
+    assert got.fits.sum() >= n - 1  # KV-like and adversarial-but-sparse blocks fit: both kinds exercised
+    assert (ref.escape_len[ref.fits] > 0).all()  # every fitting block has a non-empty stream here
+
+    # the cache's path: rows as wide as the escape limit, packed into a heap that already holds bytes
+    rows = encode_blocks_triton(x, b8, b16, geom, escape_width=geom.escape_limit, fast=fast, tile_tokens=8)
+    assert torch.equal(rows.slots, ref.slots) and torch.equal(rows.fits, ref.fits)
+    heap = torch.full((50 + int(ref.escape_len[ref.fits].sum()) + 9,), 0xA5, dtype=torch.uint8)
+    used = torch.tensor([50], dtype=torch.int64)
+    start = append_escapes_triton(rows, heap, used)
+    want_heap, want_start = pack_escapes(ref.escapes[ref.fits], ref.escape_len[ref.fits], start=50)
+    assert torch.equal(start[ref.fits], want_start)
+    assert int(used) == 50 + want_heap.numel()
+    assert torch.equal(heap[50: int(used)], want_heap)
+    assert (heap[:50] == 0xA5).all() and (heap[int(used):] == 0xA5).all()  # nothing outside the streams
 
 
 @pytest.mark.parametrize("geom", GEOMS[:3], ids=lambda g: f"T{g.block_size}-D{g.head_dim}")
@@ -73,25 +87,32 @@ def test_decode_matches_reference_and_roundtrips(geom):
     x, b8, b16 = _adversarial(n, geom.block_size, geom.head_dim, seed=7 + geom.head_dim)
     enc = encode_blocks(x, b8, b16, geom)
     out = torch.full_like(x, float("nan"))
-    got = decode_blocks_triton(enc.slots, b8, b16, geom, out=out)
-    ref = decode_blocks(enc.slots, b8, b16, geom, validate=False)
+    got = decode_blocks_triton(enc.slots, enc.escapes, b8, b16, geom, out=out)
+    ref = decode_blocks(enc.slots, enc.escapes, b8, b16, geom, validate=False)
     assert torch.equal(_bits(got), _bits(ref))
+    assert torch.equal(_bits(got), _bits(x))  # rows hold every stream in full: lossless for all blocks
     assert enc.fits.sum() >= 2
-    # attention's fast decoder: same bits on every slot that fits (it assumes valid slots)
-    fast = decode_blocks_triton(enc.slots[enc.fits], b8, b16, geom, fast=True, tile_tokens=8)
-    assert torch.equal(_bits(fast), _bits(x)[enc.fits])
-    assert torch.equal(_bits(got)[enc.fits], _bits(x)[enc.fits])  # lossless where it fits
+    # from a heap (what the cache stores), and attention's fast decoder (assumes fitting blocks)
+    fit = enc.fits
+    heap, start = pack_escapes(enc.escapes[fit], enc.escape_len[fit])
+    from_heap = decode_blocks_triton(enc.slots[fit], (heap, start), b8, b16, geom)
+    assert torch.equal(_bits(from_heap), _bits(x)[fit])
+    fast = decode_blocks_triton(enc.slots[fit], (heap, start), b8, b16, geom, fast=True, tile_tokens=8)
+    assert torch.equal(_bits(fast), _bits(x)[fit])
 
 
 def test_decode_garbage_slots_matches_reference():
-    """Random bytes (reserved tags, escape overrun) decode exactly as the reference with validate=False."""
-    geom = BlockGeometry(block_size=16, head_dim=128, escape_capacity=64)
+    """Random bytes (reserved tags, streams starting before or running past the heap) decode exactly
+    as the reference with validate=False."""
+    geom = BlockGeometry(block_size=16, head_dim=128)
     g = torch.Generator().manual_seed(11)
     slots = torch.randint(0, 256, (4, geom.slot_bytes), generator=g, dtype=torch.int32).to(torch.uint8)
     b8 = torch.randint(0, 256, (4, 128), generator=g, dtype=torch.int32).to(torch.uint8)
     b16 = torch.randint(0, 256, (4, 128), generator=g, dtype=torch.int32).to(torch.uint8)
-    got = decode_blocks_triton(slots, b8, b16, geom)
-    ref = decode_blocks(slots, b8, b16, geom, validate=False)
+    heap = torch.randint(0, 256, (700,), generator=g, dtype=torch.int32).to(torch.uint8)
+    start = torch.tensor([0, 650, -40, 300], dtype=torch.int64)
+    got = decode_blocks_triton(slots, (heap, start), b8, b16, geom)
+    ref = decode_blocks(slots, (heap, start), b8, b16, geom, validate=False)
     assert torch.equal(_bits(got), _bits(ref))
 
 
@@ -102,19 +123,29 @@ def test_token_axis_is_reference_only():
     with pytest.raises(NotImplementedError):
         encode_blocks_triton(x, b, b, geom)
     with pytest.raises(NotImplementedError):
-        decode_blocks_triton(torch.zeros(1, geom.slot_bytes, dtype=torch.uint8), b, b, geom)
+        decode_blocks_triton(torch.zeros(1, geom.slot_bytes, dtype=torch.uint8), torch.zeros(1, 8, dtype=torch.uint8), b, b, geom)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_codec_gpu_real_size(d):
-    geom = BlockGeometry(block_size=64, head_dim=d, escape_capacity=256 * d // 128)
+    geom = BlockGeometry(block_size=64, head_dim=d)
     n = 4096
     x, b8, b16 = _adversarial(n, 64, d, seed=d)
     x, b8, b16 = x.to(DEV), b8.to(DEV), b16.to(DEV)
     ref = encode_blocks(x, b8, b16, geom)
     got = encode_blocks_triton(x, b8, b16, geom, slots=torch.full((n, geom.slot_bytes), 0xA5, dtype=torch.uint8, device=DEV))
     assert torch.equal(got.slots, ref.slots) and torch.equal(got.escape_len, ref.escape_len)
-    dec = decode_blocks_triton(ref.slots, b8, b16, geom)
-    assert torch.equal(_bits(dec), _bits(decode_blocks(ref.slots, b8, b16, geom, validate=False)))
+    assert torch.equal(got.escapes, ref.escapes)
+    rows = encode_blocks_triton(x, b8, b16, geom, escape_width=geom.escape_limit)
+    heap = torch.full((int(ref.escape_len[ref.fits].sum()) + 1,), 0xA5, dtype=torch.uint8, device=DEV)
+    used = torch.zeros(1, dtype=torch.int64, device=DEV)
+    start = append_escapes_triton(rows, heap, used)
+    want_heap, want_start = pack_escapes(ref.escapes[ref.fits], ref.escape_len[ref.fits])
+    assert torch.equal(heap[: want_heap.numel()], want_heap) and torch.equal(start[ref.fits], want_start)
+    fit = ref.fits
+    dec = decode_blocks_triton(ref.slots[fit], (heap, start[fit]), b8, b16, geom)
+    assert torch.equal(_bits(dec), _bits(x)[fit])
+    fast = decode_blocks_triton(ref.slots[fit], (heap, start[fit]), b8, b16, geom, fast=True)
+    assert torch.equal(_bits(fast), _bits(x)[fit])

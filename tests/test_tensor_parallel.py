@@ -33,7 +33,7 @@ def test_two_rank_tensor_parallel_generate_is_bit_identical(tmp_path):
     b8, b16 = choose_windows(exponent_histogram(kv))
     assert not torch.equal(b8[:, :, 0], b8[:, :, 1])  # heads differ, so a wrong shard would show
     meta = {"model_name": "tiny-llama", "kv_shape": model_kv_shape(model.config), "fingerprint": config_fingerprint(model.config)}
-    CalibrationTable(b8, b16, BlockGeometry(16, 64, 64), meta).save(tmp_path / "table.safetensors")
+    CalibrationTable(b8, b16, BlockGeometry(16, 64), meta).save(tmp_path / "table.safetensors")
     out = tmp_path / "tp.json"
     env = dict(os.environ, OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(REPO / "eval" / "tp_generate.py"),
