@@ -63,19 +63,16 @@ class Case:
         self.v = synthetic_kv((B, hkv, S, d), "v", seed=seed + 1, device=dev)
         self.kb = calibrate(self.k)
         self.vb = calibrate(self.v)
-        # escape capacity: 16-aligned, 10% over the largest escape stream of the calibration prefix
+        # mode shares of the calibration prefix (format v2: escape streams at their exact length)
         from gaac_hf.codec import encode_blocks
 
-        g0 = BlockGeometry(block_size=64, head_dim=d, escape_capacity=16 * d)
+        g0 = self.geom = BlockGeometry(block_size=64, head_dim=d)
         n0 = min(S, 4096) // 64
         probe = []
         for x, (b8, b16) in ((self.k, self.kb), (self.v, self.vb)):
             blk = x[0, :, : n0 * 64].reshape(hkv * n0, 64, d)
             hb = torch.arange(hkv, device=dev).repeat_interleave(n0)
             probe.append(encode_blocks(blk, b8[hb], b16[hb], g0))
-        mx = max(int(e.escape_len.max()) for e in probe)
-        cap = max(16, int(math.ceil(mx * 1.1 / 16)) * 16)
-        self.geom = BlockGeometry(block_size=64, head_dim=d, escape_capacity=cap)
         tags = torch.cat([e.tags.flatten() for e in probe])
         self.modes = [float((tags == m).float().mean()) for m in range(3)]
         lens = [S] * B
@@ -94,7 +91,7 @@ class Case:
         for p in (self.pk, self.pv):
             n_slots = int((p["table"] >= 0).sum())
             n_raw = int((p["table"] < 0).sum())
-            total += n_slots * g.slot_bytes + n_raw * g.raw_bytes + p["table"].numel() * 4
+            total += n_slots * (g.slot_bytes + 8) + p["escape_bytes"] + n_raw * g.raw_bytes + p["table"].numel() * 4
             total += int(p["tail_len"].sum()) * self.hkv * self.d * 2
         bf16 = 2 * self.B * self.hkv * self.S * self.d * 2
         return total, bf16
@@ -103,7 +100,7 @@ class Case:
         S = self.splits(pps)
         pk, pv = self.pk, self.pv
         return lambda: A.gaac_decode_attention(
-            self.q, pk["slots"], pv["slots"], pk["raw"], pv["raw"], pk["table"], pv["table"], pk["tail"],
+            self.q, pk["slots"], pv["slots"], pk["heap"], pv["heap"], pk["esc_start"], pv["esc_start"], pk["raw"], pv["raw"], pk["table"], pv["table"], pk["tail"],
             pv["tail"], pk["num_blocks"], pk["tail_len"], *self.kb, *self.vb, self.geom,
             num_splits=S, out=self.out, num_warps=warps, num_stages=stages, tile_tokens=ts, maxnreg=maxnreg)
 
@@ -244,7 +241,8 @@ def main():
             bit_identical_vs_bf16_ours=bits_equal(o_g, o_b), bit_identical_vs_same_path=bits_equal(o_g, o_same),
             bit_identical_vs_bf16_ours_same_config=bits_equal(o_g, o_b_same_cfg),
             rel_err_vs_fa2=rel, modes_3_4_raw=case.modes, fits_fraction=[case.pk["fits_fraction"], case.pv["fits_fraction"]],
-            escape_capacity=case.geom.escape_capacity, slot_bytes=case.geom.slot_bytes, launch=info,
+            escape_bytes_per_block=(case.pk["escape_bytes"] + case.pv["escape_bytes"]) / max(1, int((case.pk["table"] >= 0).sum() + (case.pv["table"] >= 0).sum())),
+            slot_bytes=case.geom.slot_bytes, format_version=2, launch=info,
         )
         meta["rows"].append(row)
         sp = row["speedup"]

@@ -17,10 +17,10 @@ import sys
 import torch
 import triton
 
-from gaac_hf.codec import decode_blocks, encode_blocks
+from gaac_hf.codec import decode_blocks, encode_blocks, pack_escapes
 from gaac_hf.format import BlockGeometry
 from gaac_hf.kernels.decode import decode_blocks_triton
-from gaac_hf.kernels.encode import encode_blocks_triton
+from gaac_hf.kernels.encode import append_escapes_triton, encode_blocks_triton
 from gaac_hf.kernels.synth import calibrate, synthetic_kv
 
 
@@ -31,8 +31,8 @@ def main():
     args = ap.parse_args()
     dev = "cuda"
     rows = []
-    for d, cap in ((128, 192), (64, 128), (256, 384)):
-        geom = BlockGeometry(block_size=64, head_dim=d, escape_capacity=cap)
+    for d in (128, 64, 256):
+        geom = BlockGeometry(block_size=64, head_dim=d)
         heads = 8
         x = synthetic_kv((1, heads, 65536, d), "k", seed=d, device=dev)
         b8, b16 = calibrate(x)
@@ -44,26 +44,48 @@ def main():
             ref = encode_blocks(xb, c8, c16, geom)
             got = encode_blocks_triton(xb, c8, c16, geom)
             gotg = encode_blocks_triton(xb, c8, c16, geom, fast=True)
+            # the cache's path: escape rows as wide as the escape limit, then packed into the heap
+            rows_ = encode_blocks_triton(xb, c8, c16, geom, fast=True, escape_width=geom.escape_limit)
+            heap = torch.empty(int(ref.escape_len[ref.fits].sum()) + 1, dtype=torch.uint8, device=dev)
+            used = torch.zeros(1, dtype=torch.int64, device=dev)
+            start = append_escapes_triton(rows_, heap, used)
+            want_heap, want_start = pack_escapes(ref.escapes[ref.fits], ref.escape_len[ref.fits])
             ok_enc = bool(torch.equal(got.slots, ref.slots) and torch.equal(got.escape_len, ref.escape_len)
-                          and torch.equal(gotg.slots, ref.slots) and torch.equal(gotg.escape_len, ref.escape_len))
-            dec = decode_blocks_triton(ref.slots, c8, c16, geom)
-            if bool(ref.fits.all()):
-                assert torch.equal(decode_blocks_triton(ref.slots, c8, c16, geom, fast=True).view(torch.int16), dec.view(torch.int16))
-            ok_dec = bool(torch.equal(dec.view(torch.int16), decode_blocks(ref.slots, c8, c16, geom, validate=False).view(torch.int16)))
+                          and torch.equal(got.escapes, ref.escapes)
+                          and torch.equal(gotg.slots, ref.slots) and torch.equal(gotg.escapes, ref.escapes)
+                          and torch.equal(rows_.slots, ref.slots) and torch.equal(heap[: want_heap.numel()], want_heap)
+                          and torch.equal(start[ref.fits], want_start))
+            fit = ref.fits
+            sl, st8, st16 = ref.slots[fit].contiguous(), c8[fit].contiguous(), c16[fit].contiguous()
+            esc = (heap, start[fit].contiguous())
+            dec = decode_blocks_triton(sl, esc, st8, st16, geom)
+            fast_dec = decode_blocks_triton(sl, esc, st8, st16, geom, fast=True)
+            ok_dec = bool(torch.equal(dec.view(torch.int16), xb[fit].view(torch.int16))
+                          and torch.equal(fast_dec.view(torch.int16), xb[fit].view(torch.int16)))
             slots = torch.empty_like(got.slots)
-            out = torch.empty_like(xb)
+            out = torch.empty_like(dec)
+            heap2 = torch.empty_like(heap)
+
+            def to_heap():
+                e = encode_blocks_triton(xb, c8, c16, geom, slots=slots, fast=True, escape_width=geom.escape_limit)
+                used.zero_()
+                append_escapes_triton(e, heap2, used)
+
             t = {
                 "encode_triton": triton.testing.do_bench(lambda: encode_blocks_triton(xb, c8, c16, geom, slots=slots), return_mode="median"),
-                "encode_triton_groups": triton.testing.do_bench(lambda: encode_blocks_triton(xb, c8, c16, geom, slots=slots, fast=True), return_mode="median"),
-                "decode_triton": triton.testing.do_bench(lambda: decode_blocks_triton(ref.slots, c8, c16, geom, out=out), return_mode="median"),
-                "decode_triton_fast": triton.testing.do_bench(lambda: decode_blocks_triton(ref.slots, c8, c16, geom, out=out, fast=True), return_mode="median"),
+                "encode_triton_groups": triton.testing.do_bench(lambda: encode_blocks_triton(xb, c8, c16, geom, slots=slots, fast=True, escape_width=geom.escape_limit), return_mode="median"),
+                "encode_to_heap": triton.testing.do_bench(to_heap, return_mode="median"),
+                "decode_triton": triton.testing.do_bench(lambda: decode_blocks_triton(sl, esc, st8, st16, geom, out=out), return_mode="median"),
+                "decode_triton_fast": triton.testing.do_bench(lambda: decode_blocks_triton(sl, esc, st8, st16, geom, out=out, fast=True), return_mode="median"),
             }
             if not args.quick:
                 t["encode_torch"] = triton.testing.do_bench(lambda: encode_blocks(xb, c8, c16, geom), return_mode="median", rep=40)
-                t["decode_torch"] = triton.testing.do_bench(lambda: decode_blocks(ref.slots, c8, c16, geom, validate=False), return_mode="median", rep=40)
+                t["decode_torch"] = triton.testing.do_bench(lambda: decode_blocks(sl, esc, st8, st16, geom, validate=False), return_mode="median", rep=40)
             nbytes = xb.numel() * 2
-            row = dict(head_dim=d, blocks=n, bf16_bytes=nbytes, escape_capacity=cap, fits=float(ref.fits.float().mean()),
-                       us={k: v * 1e3 for k, v in t.items()}, gbps={k: nbytes / (v * 1e-3) / 1e9 for k, v in t.items()},
+            row = dict(head_dim=d, blocks=n, bf16_bytes=nbytes, format_version=2, fits=float(ref.fits.float().mean()),
+                       escape_bytes_per_block=float(ref.escape_len.float().mean()),
+                       us={k: v * 1e3 for k, v in t.items()},
+                       gbps={k: (dec.numel() * 2 if k.startswith("decode") else nbytes) / (v * 1e-3) / 1e9 for k, v in t.items()},
                        encode_exact=ok_enc, decode_exact=ok_dec)
             rows.append(row)
             print(f"D={d:3d} blocks={n:5d} exact={ok_enc}/{ok_dec} fits={row['fits']:.4f} " +

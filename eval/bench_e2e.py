@@ -23,7 +23,8 @@ import json
 import platform
 import sys
 import time
-from contextlib import nullcontext
+from collections import defaultdict
+from contextlib import contextmanager, nullcontext
 
 import torch
 
@@ -62,13 +63,11 @@ def build_model(dev, tiny=False):
 
 
 def calibrate_random(model, dev, tokens=4096, block_size=64):
-    """A CalibrationTable from the model's own K/V on random tokens (and an escape capacity that
-    fits 99.9% of those blocks)."""
+    """A CalibrationTable from the model's own K/V on random tokens (windows by histogram)."""
     from transformers import DynamicCache
 
     from gaac_hf.calibration import CalibrationTable, choose_windows, config_fingerprint, exponent_histogram, model_kv_shape
-    from gaac_hf.codec import encode_blocks
-    from gaac_hf.format import ALIGN, BlockGeometry
+    from gaac_hf.format import BlockGeometry
 
     g = torch.Generator(device="cpu").manual_seed(1)
     ids = torch.randint(0, model.config.vocab_size, (1, tokens), generator=g).to(dev)
@@ -77,23 +76,63 @@ def calibrate_random(model, dev, tokens=4096, block_size=64):
         model(ids, past_key_values=cache, logits_to_keep=1)
     kv = torch.stack([torch.stack([layer.keys[0], layer.values[0]]) for layer in cache.layers])  # [L,2,H,S,D]
     b8, b16 = choose_windows(exponent_histogram(kv))
-    d = kv.shape[-1]
-    big = BlockGeometry(block_size, d, 16 * ((BlockGeometry(block_size, d, 0).max_escape_bytes + 15) // 16))
-    esc = []
-    for layer in range(kv.shape[0]):
-        for kind in range(2):
-            x = kv[layer, kind]
-            h, s, _ = x.shape
-            nb = s // block_size
-            blocks = x[:, : nb * block_size].reshape(h * nb, block_size, d)
-            e = encode_blocks(blocks, b8[layer, kind].repeat_interleave(nb, 0), b16[layer, kind].repeat_interleave(nb, 0), big)
-            esc.append(e.escape_len.float())
-    esc = torch.cat(esc)
-    cap = int(torch.quantile(esc.cpu(), 0.999).item())
-    cap = (cap + ALIGN - 1) // ALIGN * ALIGN
     meta = {"model_name": "qwen3-8b-random-init", "kv_shape": model_kv_shape(model.config),
             "fingerprint": config_fingerprint(model.config), "text": "random tokens", "tokens": tokens}
-    return CalibrationTable(b8.cpu(), b16.cpu(), BlockGeometry(block_size, d, cap), meta)
+    return CalibrationTable(b8.cpu(), b16.cpu(), BlockGeometry(block_size, kv.shape[-1]), meta)
+
+
+@contextmanager
+def inplace_static_sdpa():
+    """Make the StaticCache rows an in-place BF16 reference (used around them only).
+
+    With transformers 5.17, a StaticCache decode step (q_len 1, ``is_compileable``) always gets an
+    explicit bool mask over the whole preallocated length; SDPA's flash backend takes no mask ("No
+    available kernel") and with a mask transformers also drops ``enable_gqa`` and materialises
+    ``repeat_kv`` (4x the K/V bytes per layer for Qwen3's 32/8 heads). Inside this context
+    StaticLayer.update tracks the filled length on the host, and the "sdpa" attention function, for
+    tensors so tagged, runs SDPA on the filled prefix only (``key[:, :, :n]``, no mask,
+    ``enable_gqa=True``, is_causal for the prefill) under the bench's pinned backend: a BF16 cache
+    written in place and read once by flash/cuDNN. Calls and contiguous-copy fallbacks are counted.
+    """
+    import torch.nn.functional as F
+    from transformers.cache_utils import StaticLayer
+    from transformers.modeling_utils import AttentionInterface
+
+    orig_update = StaticLayer.update
+    orig_sdpa = AttentionInterface._global_mapping["sdpa"]
+
+    def update(self, key_states, value_states, *a, **k):
+        k_, v_ = orig_update(self, key_states, value_states, *a, **k)
+        self._host_len = getattr(self, "_host_len", 0) + key_states.shape[-2]
+        k_._host_len = v_._host_len = self._host_len
+        return k_, v_
+
+    def sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kw):
+        n = getattr(key, "_host_len", None)
+        if n is None:
+            STATIC_CALLS["stock sdpa"] += 1
+            return orig_sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kw)
+        STATIC_CALLS["in-place prefix sdpa"] += 1
+        k, v = key[:, :, :n], value[:, :, :n]
+        causal = query.shape[2] > 1
+        try:
+            o = F.scaled_dot_product_attention(query, k, v, scale=scaling, is_causal=causal, enable_gqa=True)
+        except RuntimeError:  # a backend that refuses the strided prefix: copy it (recorded)
+            STATIC_CALLS["contiguous fallback"] += 1
+            o = F.scaled_dot_product_attention(query, k.contiguous(), v.contiguous(), scale=scaling,
+                                               is_causal=causal, enable_gqa=True)
+        return o.transpose(1, 2).contiguous(), None
+
+    StaticLayer.update = update
+    AttentionInterface._global_mapping["sdpa"] = sdpa
+    try:
+        yield
+    finally:
+        StaticLayer.update = orig_update
+        AttentionInterface._global_mapping["sdpa"] = orig_sdpa
+
+
+STATIC_CALLS: dict = defaultdict(int)
 
 
 def gpu_busy_us(fn, steps):
@@ -179,10 +218,11 @@ def run_case(model, table, B, S, dev, args):
     del cache
     torch.cuda.empty_cache() if dev.type == "cuda" else None
     for name, ctx in (("static_fa2", flash), ("static_cudnn", cudnn)):
-        cache = StaticCache(config=model.config, max_cache_len=S + extra)
-        with flash():
-            prefill(cache)
-        time_steps(name, cache, ctx)
+        with inplace_static_sdpa():
+            cache = StaticCache(config=model.config, max_cache_len=S + extra)
+            with flash():
+                prefill(cache)
+            time_steps(name, cache, ctx)
         del cache
         torch.cuda.empty_cache() if dev.type == "cuda" else None
 
@@ -238,7 +278,11 @@ def main(argv=None):
                      "python": platform.python_version()},
         "command": "python " + " ".join(sys.argv),
         "model": "Qwen3-8B shape, random init, bf16",
-        "calibration": {"escape_capacity": table.geometry.escape_capacity, "block_size": table.geometry.block_size},
+        "calibration": {"format_version": 2, "block_size": table.geometry.block_size},
+        "static_rows": "static_fa2 / static_cudnn: transformers StaticCache (preallocated, written in place) read by "
+                       "SDPA on the filled prefix only (no mask, enable_gqa) under the pinned backend; see "
+                       "inplace_static_sdpa (HF 5.17's own StaticCache decode passes a full-length mask: flash "
+                       "refuses it and repeat_kv copies K/V 4x)",
         "rows": [], "skipped": [],
     }
     cases = [(b, s) for s in args.contexts for b in args.batches]
@@ -252,6 +296,7 @@ def main(argv=None):
             row = {"batch": B, "context": S, "error": f"OOM: {e}"[:300]}
             torch.cuda.empty_cache()
         out["rows"].append(row)
+        out["sdpa_calls"] = dict(STATIC_CALLS)
         print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items() if not isinstance(v, dict)}), flush=True)
         with open(args.out, "w") as f:
             json.dump(out, f, indent=1)
