@@ -146,8 +146,8 @@ def bits_equal(a, b):
 
 
 SWEEP = {  # (num_warps, programs per SM, sub-tile tokens, num_stages, maxnreg)
-    "gaac": [(4, 4, 32, 1, None), (4, 4, 32, 1, 168), (4, 4, 32, 1, 128), (4, 8, 32, 1, 168), (8, 4, 64, 1, None)],
-    "bf16": [(4, 4, 64, 1, None), (4, 4, 32, 1, None), (4, 4, 64, 1, 128)],
+    "gaac": [(4, 4, 32, 1, None), (4, 4, 32, 2, None), (4, 8, 32, 1, None), (8, 4, 64, 1, None), (4, 4, 16, 1, None)],
+    "bf16": [(4, 4, 64, 1, None), (4, 4, 32, 1, None), (4, 4, 64, 2, None), (4, 4, 64, 3, None), (8, 4, 64, 2, None)],
 }
 
 
