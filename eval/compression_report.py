@@ -11,11 +11,13 @@ Definitions (also written into the JSON under ``definitions``):
 
 * ``ratio`` (codec only) = BF16 bytes of all full blocks / codec bytes, where codec bytes of a block
   are its planes (sign+mantissa, 2+1 code bit-planes, mode tags) plus the escape bytes it really uses,
-  and a block that overflows its slot counts 2 bytes per value (raw fallback).
-* ``ratio_with_overhead`` = BF16 bytes / stored bytes, where a fitting block takes its whole
-  fixed-capacity slot (escape capacity included, 16-byte alignment), a raw fallback block 2 bytes per
-  value, every block an 8-byte block-table entry, and the calibration table (base8 + base16, one byte
-  each per layer, K/V, kv-head, channel) is counted once per evaluated sequence of ``context`` tokens.
+  and a block stored raw (escape stream longer than ``escape_limit``) counts 2 bytes per value.
+* ``ratio_with_overhead`` = BF16 bytes / stored bytes in format v2, where a compressed block takes its
+  slot (planes with 16-byte alignment, ``slot_bytes``), its escape stream at its exact length in the
+  escape heap and an 8-byte ``esc_start``; a raw-fallback block 2 bytes per value; every block a 4-byte
+  block-table entry; and the calibration table (base8 + base16, one byte each per layer, K/V, kv-head,
+  channel) is counted once per evaluated sequence of ``context`` tokens (the same bytes as
+  ``EncodedTensor.nbytes(with_overhead=True)`` plus the table).
 * ``bits_per_element`` = 8 x stored bytes (with overhead) / values.
 * ``raw_group_share`` = groups in raw mode / all groups, K and V together.
 * ``bit_exact`` = every decoded block has the same 16 bits as the model's K/V.
@@ -39,12 +41,13 @@ SHIPPED = {"smollm2": REPO / "calibration_data" / "smollm2-135m.safetensors"}
 
 DEFINITIONS = {
     "ratio": "BF16 bytes of all full blocks / codec bytes (planes + escape bytes actually used; raw-fallback blocks at 2 B/value)",
-    "ratio_with_overhead": "BF16 bytes / stored bytes (whole fixed-capacity slots, raw-fallback blocks at 2 B/value, "
-    "8-byte block-table entry per block, calibration table counted once per evaluated sequence)",
+    "ratio_with_overhead": "BF16 bytes / stored bytes (format v2: compressed block = slot_bytes + exact escape stream + 8-byte "
+    "esc_start; raw-fallback block = 2 B/value; 4-byte block-table entry per block; calibration table counted once per "
+    "evaluated sequence)",
     "bits_per_element": "8 * stored bytes with overhead / values",
     "bits_per_element_codec": "8 * codec bytes / values",
     "raw_group_share": "groups coded raw (8-bit exponent) / all groups, K and V together",
-    "raw_block_share": "blocks whose escape bytes exceed the slot capacity (stored raw) / all blocks",
+    "raw_block_share": "blocks whose escape stream exceeds escape_limit = raw_bytes - slot_bytes (stored raw) / all blocks",
     "bit_exact": "decode(encode(x)) has the same int16 bits as x for every block",
 }
 
@@ -71,7 +74,8 @@ class Tally:
         esc = enc.blocks.escape_len.to(torch.int64)
         fixed = g.sm_bytes + g.lo2_bytes + g.hi1_bytes + g.tag_bytes
         codec = torch.where(fits, fixed + esc, torch.full_like(esc, g.raw_bytes)).double()
-        stored = torch.where(fits, torch.full_like(esc, g.slot_bytes), torch.full_like(esc, g.raw_bytes)).double() + 8
+        # format v2: slot + exact escape stream + 8-byte esc_start, or the raw block; 4-byte table entry each
+        stored = torch.where(fits, g.slot_bytes + esc + 8, torch.full_like(esc, g.raw_bytes)).double() + 4
         tags = enc.blocks.tags.reshape(esc.shape[0], -1)
         modes = torch.stack([(tags == m).sum(-1) for m in range(3)], -1)  # [N, 3]
         n = esc.shape[0]
@@ -105,7 +109,7 @@ def summarize(t: Tally, table_bytes: int, layer_types: list[str]) -> dict:
     codec = float(t.layer[..., 1].sum())
     full = [i for i, lt in enumerate(layer_types) if lt == "full_attention"]
     out = {
-        "geometry": g.to_dict() | {"slot_bytes": g.slot_bytes, "raw_bytes": g.raw_bytes},
+        "geometry": g.to_dict() | {"slot_bytes": g.slot_bytes, "raw_bytes": g.raw_bytes, "escape_limit": g.escape_limit},
         "ratio": _ratio(t.layer, 1),
         "ratio_with_overhead": _ratio(t.layer, 2, table_total),
         "bits_per_element": round(8 * stored / values, 4),
@@ -123,7 +127,7 @@ def summarize(t: Tally, table_bytes: int, layer_types: list[str]) -> dict:
         out["ratio_full_attention_layers"] = _ratio(t.layer[full], 1)
     esc = t.esc_hist.sum(0)
     mean_esc = float((esc * torch.arange(esc.numel())).sum() / max(int(esc.sum()), 1))
-    out["escape_bytes_per_block"] = {"mean": round(mean_esc, 3), "capacity": g.escape_capacity, "max": int(esc.nonzero().max())}
+    out["escape_bytes_per_block"] = {"mean": round(mean_esc, 3), "escape_limit": g.escape_limit, "max": int(esc.nonzero().max())}
     return out
 
 
@@ -188,8 +192,14 @@ def plot(path: Path, title: str, primary: Tally, det: dict, comparison: dict) ->
     top = int(esc.sum(0).nonzero().max()) + 1
     for kind, name, c in ((0, "K", "tab:blue"), (1, "V", "tab:orange")):
         ax[1, 1].plot(range(top), esc[kind, :top].tolist(), color=c, label=name)
-    ax[1, 1].axvline(primary.g.escape_capacity, color="k", ls="--", label=f"capacity {primary.g.escape_capacity} B")
-    ax[1, 1].set(xlabel="escape bytes per block", ylabel="blocks", title="escape bytes per block")
+    tot = esc.sum(0)
+    mean = float((tot * torch.arange(tot.numel())).sum() / max(int(tot.sum()), 1))
+    ax[1, 1].axvline(mean, color="k", ls="--", label=f"mean {mean:.1f} B")
+    lim = primary.g.escape_limit
+    if lim < top:
+        ax[1, 1].axvline(lim, color="red", ls=":", label=f"escape_limit {lim} B (raw beyond)")
+    ax[1, 1].set(xlabel="escape bytes per block", ylabel="blocks",
+                 title=f"escape bytes per block (exact length; raw beyond {lim} B)")
     ax[1, 1].legend()
     comp = ", ".join(f"{a}: {v['ratio']:.4f}x" for a, v in comparison.items())
     fig.suptitle(f"{title}\ngroup axis: {comp}")
@@ -218,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from gaac_hf.calibration import CalibrationTable, format_position_table, model_kv_shape, table_from_stats
     from gaac_hf.collect import collect_kv_stats, default_position_ranges, roundtrip, run_chunks, split_chunks, tokenize
+    from gaac_hf.format import FORMAT_VERSION
     from gaac_hf.models import load_named_model
 
     t0 = time.time()
@@ -239,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         for a in axes
     }
     del stats
+    fresh = dict(tables)
     shipped_info = None
     table_path = SHIPPED.get(short) if args.table == "shipped" else args.table
     if table_path:
@@ -248,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
         shown = Path(table_path).resolve()
         shown = shown.relative_to(REPO) if shown.is_relative_to(REPO) else shown
         shipped_info = {"path": str(shown), "windows_equal_fresh_calibration": same, "geometry": shipped.geometry.to_dict()}
+        if "upgraded_from" in shipped.meta:
+            shipped_info["upgraded_from"] = shipped.meta["upgraded_from"]
         tables[axes[0]] = shipped
     print(format_position_table(tables[axes[0]].meta.get("mode_shares", {}).get("by_position", []), "calibration sample, mode shares by position"))
     t_cal = time.time() - t0
@@ -273,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     det = details(tallies[axes[0]], shape["layer_types"])
     comparison = {
         a: {k: summaries[a][k] for k in ("ratio", "ratio_with_overhead", "ratio_K", "ratio_V", "raw_group_share", "raw_block_share", "mode_shares", "bit_exact")}
-        | {"escape_capacity": tables[a].geometry.escape_capacity}
+        | {"escape_limit": tables[a].geometry.escape_limit}
         | ({"ratio_full_attention_layers": summaries[a]["ratio_full_attention_layers"]} if "ratio_full_attention_layers" in summaries[a] else {})
         for a in axes
     }
@@ -288,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         "raw_group_share": prim["raw_group_share"],
         "bit_exact": all(s["bit_exact"] for s in summaries.values()),
         "command": cmd.strip(),
+        "format_version": FORMAT_VERSION,
         "group_axis": axes[0],
         "definitions": DEFINITIONS,
         "primary": prim,
@@ -299,7 +314,8 @@ def main(argv: list[str] | None = None) -> int:
             "context": calib_context,
             "tokens": tables[axes[0]].meta.get("tokens"),
             "fingerprint": tables[axes[0]].meta.get("fingerprint"),
-            "escape_capacity": {a: tables[a].meta.get("escape_capacity") for a in axes},
+            # escape statistics of the fresh calibration (a shipped v1-upgraded table has none in its meta)
+            "escapes": {a: fresh[a].meta.get("escapes") for a in axes},
             "mode_shares_by_position": tables[axes[0]].meta.get("mode_shares", {}).get("by_position"),
             "table": shipped_info,
         },
