@@ -126,6 +126,22 @@ def _fused_kernel():
 _UNFUSED_KWARGS = ("softcap", "s_aux", "sinks", "position_bias", "sliding_window")
 
 
+# (mask, its version counter, kv_start) of the last mask seen: transformers passes one mask object to
+# every layer of a forward, so the reduction runs once per step instead of once per layer. The
+# identity check holds because the memo keeps the mask alive; _version catches in-place edits.
+_KV_START_MEMO: list = [None, -1, None]
+
+
+def _kv_start(attention_mask: torch.Tensor) -> torch.Tensor:
+    """int32 ``[B]``: masked positions per row of a left-padding bool mask ``[B, 1, q, kv_len]``."""
+    memo = _KV_START_MEMO
+    if memo[0] is attention_mask and memo[1] == attention_mask._version:
+        return memo[2]
+    kv_start = (~attention_mask[:, 0, -1, :]).sum(-1, dtype=torch.int32)
+    memo[:] = [attention_mask, attention_mask._version, kv_start]
+    return kv_start
+
+
 def _fused_decode(module, query: torch.Tensor, layer, attention_mask, scaling: float | None, **kwargs):
     """Single-token decode over compressed blocks with the Triton kernel, or None.
 
@@ -151,8 +167,10 @@ def _fused_decode(module, query: torch.Tensor, layer, attention_mask, scaling: f
     if attention_mask is not None:
         if attention_mask.dtype != torch.bool:
             return None
-        kv_start = (~attention_mask[:, 0, -1, :]).sum(-1, dtype=torch.int32)
-    q = query[:, :, 0, :].contiguous()  # [B, Hq, D]
+        kv_start = _kv_start(attention_mask)
+    q = query[:, :, 0, :]  # [B, Hq, D]
+    if not q.is_contiguous():
+        q = q.contiguous()
     out = kernel.gaac_decode_attention(q, **layer.kernel_view(), scale=scaling, kv_start=kv_start)
     return out.unsqueeze(1)  # [B, 1, Hq, D], the layout attention functions return
 

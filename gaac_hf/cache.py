@@ -54,16 +54,25 @@ def _transformers_version() -> tuple[int, int]:
 _POSITIVE_CROP_IS_LENGTH = _transformers_version() < (5, 18)
 
 
-def _grow(t: torch.Tensor, rows: int, dim: int = 0) -> torch.Tensor:
-    """Return ``t`` with at least ``rows`` entries along ``dim`` (doubling, old contents kept)."""
+def _grow(t: torch.Tensor, rows: int, dim: int = 0, slack: int = 0) -> torch.Tensor:
+    """Return ``t`` with at least ``rows`` entries along ``dim``, old contents kept. When it must grow,
+    it gets ``max(rows + slack, 2 * have)`` entries (doubling; ``slack``: headroom past ``rows``)."""
     have = t.shape[dim]
     if rows <= have:
         return t
     shape = list(t.shape)
-    shape[dim] = max(rows, 2 * have)
+    shape[dim] = max(rows + slack, 2 * have)
     out = torch.zeros(shape, dtype=t.dtype, device=t.device)
     out.narrow(dim, 0, have).copy_(t)
     return out
+
+
+def _headroom(need: int, step: int) -> int:
+    """Spare rows to leave when a synced append (a prefill) sizes a pool for ``need`` rows: room for
+    the next decode steps (``step`` rows each) so that the first block-completing steps after a
+    prefill do not reallocate and copy the pool. Reported by ``stats()['allocated_bytes']``, not by
+    ``'resident_bytes'``."""
+    return max(2 * step, need // 16)
 
 
 def _triton_codec(geometry: BlockGeometry, device) -> tuple | None:
@@ -117,8 +126,9 @@ class _BlockPool:
     position computed on the device from the running raw count. The host keeps only upper bounds of
     raw rows and heap bytes in use (exact on CPU), refreshed without blocking from a pinned copy of
     the device counters that each append issues; it syncs only when a bound could overflow its pool
-    (a prefill, or streams/raw fallbacks eating the headroom of ``2 * step_blocks`` blocks). Decode
-    steps thus run without host syncs.
+    (a prefill, or streams/raw fallbacks eating the headroom of at least ``2 * step_blocks`` blocks).
+    Decode steps thus run without host syncs. A synced append also leaves slot and heap headroom
+    (:func:`_headroom`), so the decode steps right after a prefill do not regrow the pools.
     """
 
     def __init__(self, geometry: BlockGeometry, base8: torch.Tensor, base16: torch.Tensor, device,
@@ -169,7 +179,7 @@ class _BlockPool:
         lens = torch.where(fits, escape_len.to(torch.int64), 0).sum()
         cur, new, used, add = torch.stack([self.counts[3], (~fits).sum(), self.counts[5], lens]).tolist()  # the rare sync
         self.raw = _grow(self.raw, cur + new + 2 * self.step_blocks + 1)
-        self.heap = _grow(self.heap, used + add + 2 * self.step_blocks * limit + 1)
+        self.heap = _grow(self.heap, used + add + 1, slack=_headroom(used + add, self.step_blocks * limit))
         self.n_heap = used + add
         return cur + new, new
 
@@ -200,8 +210,9 @@ class _BlockPool:
         else:
             # Synced anyway (prefill, or the headroom ran out): store compactly.
             n_fit = n - new
-            self.slots = _grow(self.slots, s0 + n_fit)
-            self.esc_start = _grow(self.esc_start, s0 + n_fit)
+            slack = _headroom(s0 + n_fit, self.step_blocks)
+            self.slots = _grow(self.slots, s0 + n_fit, slack=slack)
+            self.esc_start = _grow(self.esc_start, s0 + n_fit, slack=slack)
             self.slots[s0 : s0 + n_fit] = enc.slots if new == 0 else enc.slots[fits]
             self.esc_start[s0 : s0 + n_fit] = start if new == 0 else start[fits]
             slot_pos = s0 + torch.cumsum(fits, 0) - 1
@@ -269,6 +280,32 @@ class _BlockPool:
         return self.slots.numel() + self.esc_start.numel() * 8 + self.heap.numel() + self.raw.numel() * 2
 
 
+class _CountsMemo:
+    """``num_blocks`` / ``tail_len`` int32 ``[B]`` device tensors for :meth:`GAACLayer.kernel_view`,
+    kept for the last ``(B, num_blocks, tail_len, device)`` asked for.
+
+    One memo is shared by the layers of a :class:`GAACCache`: in a decode step every layer holds the
+    same counts, so the first layer's kernel_view() makes the two tensors and the other layers reuse
+    them (two ``torch.full`` per step instead of two per layer). Keyed by value, and the tensors are
+    never written (the attention kernel only reads them), so reorder / select / crop / reset need no
+    invalidation: a changed batch or length is a different key.
+    """
+
+    __slots__ = ("key", "value")
+
+    def __init__(self) -> None:
+        self.key = None
+        self.value = None
+
+    def get(self, b: int, num_blocks: int, tail_len: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (b, num_blocks, tail_len, device)
+        if key != self.key:
+            self.value = (torch.full((b,), num_blocks, dtype=torch.int32, device=device),
+                          torch.full((b,), tail_len, dtype=torch.int32, device=device))
+            self.key = key
+        return self.value
+
+
 def _local_heads(table: CalibrationTable, heads: int, layer_idx: int) -> CalibrationTable:
     """The table rows for the kv-heads this process holds.
 
@@ -303,8 +340,10 @@ class GAACLayer(CacheLayerMixin):
     is_croppable = True
 
     def __init__(self, layer_idx: int, table: CalibrationTable, geometry: BlockGeometry, config,
-                 return_full_kv: bool | None = None, fused: bool = True, triton_codec: bool = True) -> None:
+                 return_full_kv: bool | None = None, fused: bool = True, triton_codec: bool = True,
+                 counts_memo: _CountsMemo | None = None) -> None:
         super().__init__()
+        self._counts_memo = counts_memo if counts_memo is not None else _CountsMemo()  # see kernel_view()
         self.layer_idx = layer_idx
         self.geometry = geometry
         self._table = table
@@ -323,8 +362,9 @@ class GAACLayer(CacheLayerMixin):
         self.num_blocks = 0
         self.tail_len = 0
         self._awaiting_attention = False
-        # (blocks before the last update, [K, V] uncompressed positions it wrote): lives only from
-        # update() to the attention call of the same step; see full().
+        # (blocks before the last update, [K, V] uncompressed positions from that block on), set only
+        # by an update that completed a block; lives only from update() to the attention call of the
+        # same step; see full().
         self._recent: tuple[int, list[torch.Tensor]] | None = None
 
     def __repr__(self) -> str:
@@ -375,38 +415,42 @@ class GAACLayer(CacheLayerMixin):
         self._awaiting_attention = True
         return k, v
 
-    def append(self, key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[int, list[torch.Tensor]]:
+    def append(self, key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[int, list[torch.Tensor]] | None:
         """Store ``[B, H, q, D]`` bf16 keys/values: tail first, complete blocks encoded once.
 
-        Returns ``(nb0, [seq_k, seq_v])``: the block count before this call and the uncompressed
-        positions from block ``nb0`` on (old tail + new tokens, ``[B, H, tl + q, D]``), so that the
-        attention of this step does not decode blocks it has just encoded (see :meth:`full`).
+        Returns None when no block completes (everything written since block ``num_blocks`` is in the
+        tail: :meth:`full` reads it there, nothing is concatenated). Otherwise ``(nb0, [seq_k, seq_v])``:
+        the block count before this call and the uncompressed positions from block ``nb0`` on (old
+        tail + new tokens, ``[B, H, tl + q, D]``), so that the attention of this step does not decode
+        blocks it has just encoded (see :meth:`full`).
         """
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         if key_states.dtype != torch.bfloat16 or value_states.dtype != torch.bfloat16:
             raise ValueError(f"GAACCache stores bfloat16 KV, got {key_states.dtype}/{value_states.dtype}")
         b, h, q, _ = key_states.shape
-        if b != self.tails[_K].shape[0]:
-            raise ValueError(f"GAAC layer {self.layer_idx}: batch of {b} rows but the cache holds {self.tails[_K].shape[0]}")
+        tails = self.tails
+        if b != tails[_K].shape[0]:
+            raise ValueError(f"GAAC layer {self.layer_idx}: batch of {b} rows but the cache holds {tails[_K].shape[0]}")
         t, tl, nb0 = self.geometry.block_size, self.tail_len, self.num_blocks
-        seqs = [torch.cat([self.tails[kind][:, :, :tl], new], dim=2) for kind, new in ((_K, key_states), (_V, value_states))]
         if tl + q < t:
-            for kind, new in ((_K, key_states), (_V, value_states)):
-                self.tails[kind][:, :, tl : tl + q].copy_(new)
+            # no block completes (every decode step but one in T): the tail holds all of it
+            tails[_K][:, :, tl : tl + q].copy_(key_states)
+            tails[_V][:, :, tl : tl + q].copy_(value_states)
             self.tail_len = tl + q
-        else:
-            nfull = (tl + q) // t
-            rem = tl + q - nfull * t
-            self._ensure_table(self.num_blocks + nfull)
-            for kind, seq in ((_K, seqs[_K]), (_V, seqs[_V])):
-                blocks = seq[:, :, : nfull * t].reshape(b * h * nfull, t, self.geometry.head_dim)
-                heads = self._heads.view(1, h, 1).expand(b, h, nfull).reshape(-1)
-                entries = self.pools[kind].append(blocks, heads)
-                self.tables[kind][:, :, self.num_blocks : self.num_blocks + nfull] = entries.view(b, h, nfull)
-                self.tails[kind][:, :, :rem].copy_(seq[:, :, nfull * t :])
-            self.num_blocks += nfull
-            self.tail_len = rem
+            return None
+        seqs = [torch.cat([tails[kind][:, :, :tl], new], dim=2) for kind, new in ((_K, key_states), (_V, value_states))]
+        nfull = (tl + q) // t
+        rem = tl + q - nfull * t
+        self._ensure_table(self.num_blocks + nfull)
+        heads = self._heads.view(1, h, 1).expand(b, h, nfull).reshape(-1)
+        for kind, seq in ((_K, seqs[_K]), (_V, seqs[_V])):
+            blocks = seq[:, :, : nfull * t].reshape(b * h * nfull, t, self.geometry.head_dim)
+            entries = self.pools[kind].append(blocks, heads)
+            self.tables[kind][:, :, self.num_blocks : self.num_blocks + nfull] = entries.view(b, h, nfull)
+            self.tails[kind][:, :, :rem].copy_(seq[:, :, nfull * t :])
+        self.num_blocks += nfull
+        self.tail_len = rem
         return nb0, seqs
 
     def _wants_full_kv(self) -> bool:
@@ -415,7 +459,9 @@ class GAACLayer(CacheLayerMixin):
         return not _attn.uses_gaac_attention(self._config)
 
     def _ensure_table(self, blocks: int) -> None:
-        self.tables = [_grow(tb, blocks, dim=2) for tb in self.tables]
+        # headroom as for the pools (a decode step adds one block per row and head); the kernel's
+        # split grid follows the live block count (kernel_view's active_blocks), not the capacity
+        self.tables = [_grow(tb, blocks, dim=2, slack=_headroom(blocks, 1)) for tb in self.tables]
 
     def get_seq_length(self) -> int:
         return self.num_blocks * self.geometry.block_size + self.tail_len if self.is_initialized else 0
@@ -520,10 +566,10 @@ class GAACLayer(CacheLayerMixin):
     def full(self, kind: int) -> torch.Tensor:
         """Decompressed keys (kind 0) or values (1), bf16 ``[B, H, S, D]`` contiguous.
 
-        Between update() and the attention call of the same step, the positions written by that
-        update are taken from its uncompressed input (same bits: the codec is lossless) instead of
-        being decoded right after being encoded; a prefill then decodes nothing. Every block from an
-        earlier step is decoded from its slot.
+        Between update() and the attention call of the same step, the positions written by an update
+        that completed blocks are taken from its uncompressed input (same bits: the codec is
+        lossless) instead of being decoded right after being encoded; a prefill then decodes nothing.
+        Every block from an earlier step is decoded from its slot; the tail is read in place.
         """
         b, h = self.tails[kind].shape[:2]
         t, d = self.geometry.block_size, self.geometry.head_dim
@@ -542,18 +588,17 @@ class GAACLayer(CacheLayerMixin):
 
         Pools, full-capacity contiguous tables int32 ``[B, H, cap_blocks]`` (entries past
         ``num_blocks`` are ignored by the kernel), full tail buffers bf16 ``[B, H, T, D]``, bases
-        uint8 ``[H, D]`` and ``num_blocks`` / ``tail_len`` as int32 ``[B]`` device tensors.
+        uint8 ``[H, D]`` and ``num_blocks`` / ``tail_len`` as int32 ``[B]`` device tensors (read-only:
+        shared with the other layers of the cache that have the same counts, see :class:`_CountsMemo`).
         """
         pk, pv = self.pools
-        b = self.tails[_K].shape[0]
-        dev = self.device
+        nbt, tlt = self._counts_memo.get(self.tails[_K].shape[0], self.num_blocks, self.tail_len, self.device)
         return {
             "k_slots": pk.slots, "v_slots": pv.slots, "k_heap": pk.heap, "v_heap": pv.heap,
             "k_esc_start": pk.esc_start, "v_esc_start": pv.esc_start, "k_raw": pk.raw, "v_raw": pv.raw,
             "k_table": self.tables[_K], "v_table": self.tables[_V],
             "k_tail": self.tails[_K], "v_tail": self.tails[_V],
-            "num_blocks": torch.full((b,), self.num_blocks, dtype=torch.int32, device=dev),
-            "tail_len": torch.full((b,), self.tail_len, dtype=torch.int32, device=dev),
+            "num_blocks": nbt, "tail_len": tlt,
             "k_base8": pk.base8, "k_base16": pk.base16, "v_base8": pv.base8, "v_base16": pv.base16,
             "geometry": self.geometry,
             # tables keep spare capacity (they grow by doubling): size the kernel's splits by the live blocks
@@ -648,8 +693,9 @@ class GAACCache(Cache):
         self.geometry = geometry
         self.table = table
         types, kwargs = _layer_types_and_kwargs(text)
+        memo = _CountsMemo()  # shared: in a step every GAAC layer asks for the same counts
         layers = [
-            GAACLayer(i, table, geometry, text, return_full_kv, fused, triton_codec) if lt == "full_attention"
+            GAACLayer(i, table, geometry, text, return_full_kv, fused, triton_codec, memo) if lt == "full_attention"
             else DYNAMIC_LAYER_TYPE_MAPPING[lt](**kw)
             for i, (lt, kw) in enumerate(zip(types, kwargs))
         ]
@@ -683,7 +729,8 @@ class GAACCache(Cache):
         - ``resident_bytes``: bytes of the GAAC layers' data (slot rows with their escape-stream
           offsets, escape streams, raw rows, block tables, tails); ``bf16_bytes``: what a BF16 DynamicCache would hold for the same layers
           and tokens; ``ratio`` = bf16/resident, ``savings`` = 1 - resident/bf16.
-        - ``allocated_bytes``: pool capacity actually reserved (pools grow by doubling).
+        - ``allocated_bytes``: capacity actually reserved (pools and tables grow by doubling, and a
+          prefill leaves headroom for the following decode steps); ``resident_bytes`` excludes it.
         - ``stock_layer_bytes``: uncompressed layers kept stock (sliding window etc.).
         - ``mode_shares`` (and ``_k``/``_v``): fraction of encoded groups in 3-bit / 4-bit / raw mode.
         - ``raw_fallback_blocks`` (raw rows held), ``stored_blocks`` (distinct blocks held),

@@ -70,7 +70,9 @@ counts change the accumulation order, so bit identity is a per-config statement.
 """
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Mapping
 
 import torch
 import triton
@@ -262,8 +264,40 @@ def _merge_kernel(PART_O, PART_L, OUT, S, SP2: tl.constexpr, D: tl.constexpr):
 # launchers
 # ---------------------------------------------------------------------------------------------
 _SM_COUNT: dict = {}
+
+
+class _LastLaunch(Mapping):
+    """``splits`` / ``blocks_per_split`` / ``n_regs`` / ``n_spills`` of the last split-kernel launch
+    (benchmarks report them: ``dict(LAST_LAUNCH)``). A launch stores only the kernel object and two
+    ints; the register counts are read from the kernel when asked for."""
+
+    _KEYS = ("splits", "blocks_per_split", "n_regs", "n_spills")
+
+    def __init__(self) -> None:
+        self._last = None  # (kernel, splits, blocks_per_split)
+
+    def __getitem__(self, key):
+        if self._last is None or key not in self._KEYS:
+            raise KeyError(key)
+        kern, splits, bps = self._last
+        if key == "splits":
+            return splits
+        if key == "blocks_per_split":
+            return bps
+        return getattr(kern, key, None)
+
+    def __iter__(self):
+        return iter(self._KEYS if self._last is not None else ())
+
+    def __len__(self) -> int:
+        return len(self._KEYS) if self._last is not None else 0
+
+    def __repr__(self) -> str:
+        return repr(dict(self))
+
+
 #: splits / registers / spills of the last split-kernel launch (benchmarks report them)
-LAST_LAUNCH: dict = {}
+LAST_LAUNCH = _LastLaunch()
 LAST_KERNEL = None
 
 
@@ -293,23 +327,71 @@ def _as_i16(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.int16)
 
 
+@functools.lru_cache(maxsize=64)
+def _geometry_constants(geometry: BlockGeometry) -> tuple[int, int, int, int, int, int]:
+    """(T, D, slot_bytes, lo2_offset, hi1_offset, tag_offset) as plain ints, computed once per geometry."""
+    g = geometry
+    return g.block_size, g.head_dim, g.slot_bytes, g.lo2_offset, g.hi1_offset, g.tag_offset
+
+
+@functools.lru_cache(maxsize=64)
+def _checked_geometry(geometry: BlockGeometry) -> BlockGeometry:
+    """``_check_geometry`` once per geometry (a failing check raises every time: nothing is cached)."""
+    _check_geometry(geometry)
+    return geometry
+
+
+@functools.lru_cache(maxsize=256)
+def _pow2(n: int) -> int:
+    return triton.next_power_of_2(n)
+
+
+# Split-kernel scratch (part_o, part_l), reused from call to call: key -> (splits, part_o, part_l).
+# Safe because the key holds the CUDA stream: on one stream the merge kernel of a call has read the
+# partials before the next call's split kernel overwrites them (stream order). CPU calls run
+# synchronously. Calls made while a CUDA graph is being captured allocate their own.
+_SCRATCH: dict = {}
+_SCRATCH_KEYS_MAX = 32
+
+
+def _partials(B: int, HQ: int, S: int, D: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    if device.type == "cuda":
+        if torch.cuda.is_current_stream_capturing():
+            return (torch.empty(B, HQ, S, D, dtype=torch.float32, device=device),
+                    torch.empty(B, HQ, S, dtype=torch.float32, device=device))
+        idx = device.index if device.index is not None else torch.cuda.current_device()
+        key = (device.type, idx, torch._C._cuda_getCurrentRawStream(idx), B, HQ, D)
+    else:
+        key = (device.type, device.index, 0, B, HQ, D)
+    hit = _SCRATCH.get(key)
+    if hit is None or hit[0] != S:
+        if hit is None and len(_SCRATCH) >= _SCRATCH_KEYS_MAX:
+            _SCRATCH.clear()
+        hit = _SCRATCH[key] = (S, torch.empty(B, HQ, S, D, dtype=torch.float32, device=device),
+                               torch.empty(B, HQ, S, dtype=torch.float32, device=device))
+    return hit[1], hit[2]
+
+
 def _launch(
     q, k_slots, v_slots, k_heap, v_heap, k_esc_start, v_esc_start, k_raw, v_raw, k_table, v_table, k_tail, v_tail, num_blocks, tail_len,
     bases, geometry: BlockGeometry, scale, kv_start, num_splits, out, kv_mode, num_warps, num_stages, tile_tokens=32, maxnreg=None, active_blocks=None,
 ):
     B, HQ, D = q.shape
     _, HKV, MAXB = k_table.shape
-    T = geometry.block_size
-    if D != geometry.head_dim or HQ % HKV:
-        raise ValueError(f"q [B, Hq, D] = {tuple(q.shape)} does not match head_dim {geometry.head_dim} / Hkv {HKV}")
-    if k_tail.shape != (B, HKV, T, D) or v_tail.shape != (B, HKV, T, D):
+    T, GD, SLOT_BYTES, LO2_OFF, HI1_OFF, TAG_OFF = _geometry_constants(geometry)
+    if D != GD or HQ % HKV:
+        raise ValueError(f"q [B, Hq, D] = {tuple(q.shape)} does not match head_dim {GD} / Hkv {HKV}")
+    tail_shape = (B, HKV, T, D)
+    if k_tail.shape != tail_shape or v_tail.shape != tail_shape:
         raise ValueError(f"tails must be bf16 [B, Hkv, T, D] = [{B}, {HKV}, {T}, {D}]")
+    table_shape = (B, HKV, MAXB)
     for name, t in (("k_table", k_table), ("v_table", v_table)):
-        if t.dtype != torch.int32 or t.shape != (B, HKV, MAXB) or not t.is_contiguous():
+        if t.dtype != torch.int32 or t.shape != table_shape or not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous int32 [B, Hkv, max_blocks]")
-    for t in (q, k_slots, v_slots, k_heap, v_heap, k_esc_start, v_esc_start, k_raw, v_raw, k_tail, v_tail):
-        if not t.is_contiguous():
-            raise ValueError("q, pools, heaps and tails must be contiguous")
+    if not (q.is_contiguous() and k_slots.is_contiguous() and v_slots.is_contiguous() and k_heap.is_contiguous()
+            and v_heap.is_contiguous() and k_esc_start.is_contiguous() and v_esc_start.is_contiguous()
+            and k_raw.is_contiguous() and v_raw.is_contiguous() and k_tail.is_contiguous() and v_tail.is_contiguous()):
+        raise ValueError("q, pools, heaps and tails must be contiguous")
     for name, t in (("k_heap", k_heap), ("v_heap", v_heap)):
         if t.dtype != torch.uint8 or t.dim() != 1 or t.numel() == 0:
             raise ValueError(f"{name} must be a non-empty uint8 [M] escape heap")
@@ -317,34 +399,32 @@ def _launch(
         if t.dtype != torch.int64 or t.dim() != 1 or t.shape[0] < sl.shape[0]:
             raise ValueError(f"{name} must be int64 [num_slots >= {sl.shape[0]}]")
     GQ = HQ // HKV
-    QP = max(16, triton.next_power_of_2(GQ))
+    QP = max(16, _pow2(GQ))
     if scale is None:
         scale = 1.0 / math.sqrt(D)
     NB = MAXB if active_blocks is None else min(MAXB, int(active_blocks))  # must be >= max(num_blocks)
-    S = num_splits or default_num_splits(B, HKV, NB, q.device)
+    dev = q.device
+    S = num_splits or default_num_splits(B, HKV, NB, dev)
     BPS = (NB + 1 + S - 1) // S  # splits cover blocks [0, NB] (block NB of a full sequence = its tail)
-    part_o = torch.empty(B, HQ, S, D, dtype=torch.float32, device=q.device)
-    part_l = torch.empty(B, HQ, S, dtype=torch.float32, device=q.device)
+    part_o, part_l = _partials(B, HQ, S, D, dev)
     if out is None:
-        out = torch.empty(B, HQ, D, dtype=torch.bfloat16, device=q.device)
+        out = torch.empty(B, HQ, D, dtype=torch.bfloat16, device=dev)
     has_start = kv_start is not None
-    g = geometry
     kb8, kb16, vb8, vb16 = bases
     kern = _attn_split_kernel[(B * HKV, S)](
         _as_i16(q), k_slots, v_slots, k_heap, v_heap, k_esc_start, v_esc_start, _as_i16(k_raw), _as_i16(v_raw), k_table, v_table,
         _as_i16(k_tail), _as_i16(v_tail), kb8, kb16, vb8, vb16,
         num_blocks, tail_len, kv_start if has_start else num_blocks, part_o, part_l,
         scale * 1.4426950408889634, MAXB, BPS, S,
-        HKV=HKV, GQ=GQ, QP=QP, SLOT_BYTES=g.slot_bytes, LO2_OFF=g.lo2_offset, HI1_OFF=g.hi1_offset,
-        TAG_OFF=g.tag_offset, T=T, D=D, KV_MODE=kv_mode,
+        HKV=HKV, GQ=GQ, QP=QP, SLOT_BYTES=SLOT_BYTES, LO2_OFF=LO2_OFF, HI1_OFF=HI1_OFF,
+        TAG_OFF=TAG_OFF, T=T, D=D, KV_MODE=kv_mode,
         HAS_START=has_start, FP32_DOT=INTERPRET, TS=min(tile_tokens, T), num_warps=num_warps, num_stages=num_stages,
         **({} if maxnreg is None or INTERPRET else {"maxnreg": maxnreg}),
     )
     global LAST_KERNEL
     LAST_KERNEL = kern
-    LAST_LAUNCH.update(splits=S, blocks_per_split=BPS, n_regs=getattr(kern, "n_regs", None),
-                       n_spills=getattr(kern, "n_spills", None))
-    _merge_kernel[(B * HQ,)](part_o, part_l, out.view(torch.int16), S, SP2=max(2, triton.next_power_of_2(S)), D=D)
+    LAST_LAUNCH._last = (kern, S, BPS)
+    _merge_kernel[(B * HQ,)](part_o, part_l, out.view(torch.int16), S, SP2=max(2, _pow2(S)), D=D)
     return out
 
 
@@ -402,11 +482,14 @@ def gaac_decode_attention(
     Returns:
         bf16 ``[B, Hq, D]``.
     """
-    _check_geometry(geometry)
-    bases = tuple(b.contiguous() for b in (k_base8, k_base16, v_base8, v_base16))
+    _checked_geometry(geometry)
+    bases = (k_base8, k_base16, v_base8, v_base16)
+    base_shape = (k_table.shape[1], geometry.head_dim)
     for bb in bases:
-        if bb.dtype != torch.uint8 or bb.shape != (k_table.shape[1], geometry.head_dim):
+        if bb.dtype != torch.uint8 or bb.shape != base_shape:
             raise ValueError(f"bases must be uint8 [Hkv, D], got {bb.dtype} {tuple(bb.shape)}")
+    if not (k_base8.is_contiguous() and k_base16.is_contiguous() and v_base8.is_contiguous() and v_base16.is_contiguous()):
+        bases = tuple(bb.contiguous() for bb in bases)
     return _launch(q, k_slots, v_slots, k_heap, v_heap, k_esc_start, v_esc_start, k_raw, v_raw, k_table,
                    v_table, k_tail, v_tail, num_blocks, tail_len, bases, geometry, scale, kv_start, num_splits, out, 0, num_warps, num_stages, tile_tokens, maxnreg,
                    active_blocks)

@@ -1,0 +1,198 @@
+"""Host-side shortcuts of the decode step, checked on the CPU (no model weights needed).
+
+* ``GAACLayer.append`` builds no ``torch.cat`` in a step that completes no block, and ``full()`` then
+  reads the tail in place: still the exact bits of every token written;
+* ``kernel_view()``'s ``num_blocks`` / ``tail_len`` tensors are shared by the layers of a cache and
+  stay right through crop / reorder / batch selection;
+* a prefill leaves pool and table headroom (the next decode steps' blocks do not reallocate), which
+  ``stats()['allocated_bytes']`` reports and ``'resident_bytes'`` does not;
+* the attention launcher's reused scratch and lazy ``LAST_LAUNCH`` give the same results.
+"""
+import pytest
+import torch
+from transformers import LlamaConfig
+
+import gaac_hf.kernels.attention as A
+from gaac_hf import GAACCache
+from gaac_hf.calibration import CalibrationTable
+from gaac_hf.format import BlockGeometry
+
+T, H, D, L = 16, 2, 64, 2
+
+
+def _cache(layers=L, heads=H):
+    cfg = LlamaConfig(num_hidden_layers=layers, num_attention_heads=2 * heads, num_key_value_heads=heads,
+                      head_dim=D, hidden_size=2 * heads * D, vocab_size=32)
+    shape = (layers, 2, heads, D)
+    table = CalibrationTable(torch.full(shape, 123, dtype=torch.uint8), torch.full(shape, 119, dtype=torch.uint8),
+                             BlockGeometry(block_size=T, head_dim=D))
+    return GAACCache(cfg, calibration=table, return_full_kv=False)
+
+
+def _kv(gen, b, q, heads=H):
+    return [torch.randn(b, heads, q, D, generator=gen).to(torch.bfloat16) for _ in range(2)]
+
+
+def _step(cache, ks, vs, gen, b, q):
+    """One update of every layer (what the attention call does after it: clear the carrier state)."""
+    k, v = _kv(gen, b, q)
+    ks.append(k)
+    vs.append(v)
+    for layer in cache.layers:
+        layer.update(k, v)
+    return k, v
+
+
+def _consume(cache):
+    for layer in cache.layers:
+        layer._awaiting_attention, layer._recent = False, None
+
+
+def _same(a, b):
+    return a.shape == b.shape and torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+
+def test_append_without_block_completion_builds_no_cat(monkeypatch):
+    gen = torch.Generator().manual_seed(0)
+    cache = _cache()
+    ks, vs = [], []
+    _step(cache, ks, vs, gen, 2, 2 * T + 3)  # prefill: 2 blocks + 3 tail tokens
+    _consume(cache)
+    cats = []
+    real_cat = torch.cat
+
+    def counting_cat(*a, **k):
+        cats.append(1)
+        return real_cat(*a, **k)
+
+    for q in [1] * (T - 4) + [1, 1, 5, 2 * T + 1, 1]:  # plain steps, a fill, a multi-token step, two fills at once
+        layer = cache.layers[0]
+        completes = layer.tail_len + q >= T
+        nb0 = layer.num_blocks
+        monkeypatch.setattr(torch, "cat", counting_cat)
+        _step(cache, ks, vs, gen, 2, q)
+        monkeypatch.setattr(torch, "cat", real_cat)
+        if completes:
+            assert len(cats) == 2 * L  # one per kind and layer: the blocks to encode
+            assert all(lay._recent is not None and lay._recent[0] == nb0 for lay in cache.layers)
+        else:
+            assert cats == [], "a step that completes no block concatenated on the cache path"
+            assert all(lay._recent is None for lay in cache.layers)
+        cats.clear()
+        want_k, want_v = real_cat(ks, dim=2), real_cat(vs, dim=2)
+        for layer in cache.layers:  # what this step's attention reads: exact bits, old blocks + tail
+            got_k, got_v = layer.full_kv()
+            assert _same(got_k, want_k) and _same(got_v, want_v)
+        _consume(cache)
+        for layer in cache.layers:  # and after the step (everything read from slots + tail)
+            got_k, got_v = layer.full_kv()
+            assert _same(got_k, want_k) and _same(got_v, want_v)
+
+
+def test_kernel_view_counts_shared_and_follow_the_cache():
+    gen = torch.Generator().manual_seed(1)
+    cache = _cache(layers=3)
+    ks, vs = [], []
+    _step(cache, ks, vs, gen, 3, 3 * T + 5)
+    _consume(cache)
+
+    def check():
+        views = [layer.kernel_view() for layer in cache.layers]
+        first = views[0]
+        for layer, view in zip(cache.layers, views):
+            b = layer.tails[0].shape[0]
+            assert view["num_blocks"].tolist() == [layer.num_blocks] * b
+            assert view["tail_len"].tolist() == [layer.tail_len] * b
+            assert view["num_blocks"].dtype == view["tail_len"].dtype == torch.int32
+            assert view["num_blocks"] is first["num_blocks"] and view["tail_len"] is first["tail_len"]  # one pair per step
+        return first
+
+    v0 = check()
+    _step(cache, ks, vs, gen, 3, 1)
+    _consume(cache)
+    v1 = check()
+    assert v1["tail_len"] is not v0["tail_len"] and v1["tail_len"].tolist() == [6] * 3
+    cache.reorder_cache(torch.tensor([2, 0, 1]))
+    check()
+    cache.crop(-8)  # into the last encoded block: 2 blocks + 14 tail tokens
+    assert check()["num_blocks"].tolist() == [2] * 3
+    cache.batch_select_indices(torch.tensor([0, 2]))
+    assert check()["tail_len"].tolist() == [14] * 2
+    cache.batch_repeat_interleave(2)
+    assert check()["num_blocks"].tolist() == [2] * 4
+    cache.reset()
+    _step(cache, [], [], gen, 1, T + 1)
+    assert check()["num_blocks"].tolist() == [1]
+
+
+def test_prefill_leaves_headroom_not_counted_as_resident():
+    gen = torch.Generator().manual_seed(2)
+    b, blocks = 2, 40
+    cache = _cache()
+    ks, vs = [], []
+    _step(cache, ks, vs, gen, b, blocks * T)
+    _consume(cache)
+    layer = cache.layers[0]
+    before = [(p.slots, p.esc_start, p.heap) for p in layer.pools] + [tuple(layer.tables)]
+    st = cache.stats()
+    assert st["raw_fallback_blocks"] == 0  # the windows fit random normals: every block compressed
+    g = cache.geometry
+    n = 2 * L * b * H * blocks  # blocks stored
+    assert st["slot_rows"] == n
+    tails = 2 * L * b * H * T * D * 2  # tail buffers are allocated whole...
+    resident = 2 * L * b * H * blocks * 4 + n * (g.slot_bytes + 8) + st["escape_bytes"]  # ...but hold 0 tokens
+    assert st["resident_bytes"] == resident
+    assert st["allocated_bytes"] > resident + tails
+    for p in layer.pools:
+        assert p.slots.shape[0] >= p.n_slots + 2 * b * H and p.esc_start.shape[0] == p.slots.shape[0]
+    assert layer.tables[0].shape[2] >= blocks + 2
+    for _ in range(2 * T):  # two block-completing decode steps: nothing regrows
+        _step(cache, ks, vs, gen, b, 1)
+        _consume(cache)
+    after = [(p.slots, p.esc_start, p.heap) for p in layer.pools] + [tuple(layer.tables)]
+    for x, y in zip(before, after):
+        assert all(s is t for s, t in zip(x, y))
+    want_k, want_v = torch.cat(ks, dim=2), torch.cat(vs, dim=2)
+    got_k, got_v = layer.full_kv()
+    assert _same(got_k, want_k) and _same(got_v, want_v)
+    st2 = cache.stats()
+    assert st2["slot_rows"] == n + 2 * 2 * L * b * H
+    assert st2["resident_bytes"] == (2 * L * b * H * (blocks + 2) * 4 + st2["slot_rows"] * (g.slot_bytes + 8)
+                                     + st2["escape_bytes"])
+
+
+def test_launcher_scratch_reuse_and_last_launch():
+    from gaac_hf.kernels.synth import calibrate, synthetic_kv
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: the Triton interpreter (conftest.py)
+    geom = BlockGeometry(block_size=16, head_dim=64)
+    lens = [40, 21]
+    k = synthetic_kv((2, 1, 40, 64), "k", seed=5, device=dev)
+    v = synthetic_kv((2, 1, 40, 64), "v", seed=6, device=dev)
+    (kb8, kb16), (vb8, vb16) = calibrate(k), calibrate(v)
+    pk = A.pack_paged_kv(k, lens, kb8, kb16, geom)
+    pv = A.pack_paged_kv(v, lens, vb8, vb16, geom)
+    q = torch.randn(2, 2, 64, generator=torch.Generator().manual_seed(7)).to(dev, torch.bfloat16)
+
+    def run(splits):
+        return A.gaac_decode_attention(
+            q, pk["slots"], pv["slots"], pk["heap"], pv["heap"], pk["esc_start"], pv["esc_start"], pk["raw"],
+            pv["raw"], pk["table"], pv["table"], pk["tail"], pv["tail"], pk["num_blocks"], pk["tail_len"],
+            kb8, kb16, vb8, vb16, geom, num_splits=splits)
+
+    A._SCRATCH.clear()
+    fresh = {s: run(s) for s in (1, 2)}  # first call per split count: fresh scratch
+    last = dict(A.LAST_LAUNCH)
+    assert set(last) == {"splits", "blocks_per_split", "n_regs", "n_spills"}
+    assert (last["splits"], last["blocks_per_split"]) == (2, 2)  # blocks [0, 2] (2 + tail) in 2 splits
+    assert len(A._SCRATCH) == 1
+    entry = next(iter(A._SCRATCH.values()))
+    assert _same(run(2), fresh[2])
+    assert next(iter(A._SCRATCH.values())) is entry  # same split count: buffers reused, not reallocated
+    for s in (1, 2, 2, 1):  # resized between calls: same bits as with fresh buffers
+        assert _same(run(s), fresh[s])
+    with pytest.raises(ValueError, match="contiguous"):
+        A.gaac_decode_attention(
+            q, pk["slots"], pv["slots"], pk["heap"], pv["heap"], pk["esc_start"], pv["esc_start"], pk["raw"],
+            pv["raw"], pk["table"], pv["table"], pk["tail"].transpose(2, 3).contiguous().transpose(2, 3), pv["tail"],
+            pk["num_blocks"], pk["tail_len"], kb8, kb16, vb8, vb16, geom)
