@@ -21,8 +21,8 @@ full decompressed K/V unless the live model config selects the GAAC attention, i
 returns a tail carrier and the attention function reads this layer directly.
 
 Host syncs: none in decode steps (raw-fallback rows are placed on the device and the host tracks an
-upper bound refreshed from a non-blocking copy, see :class:`_BlockPool`); one per layer when a
-prefill (or a run of raw fallbacks) outgrows the raw pool's headroom; a few in the rare operations
+upper bound refreshed from a non-blocking copy, see :class:`_BlockPool`); one per layer, for K and V
+together, when a prefill (or a run of long escape streams / raw fallbacks) outgrows the pools' headroom; a few in the rare operations
 that compact the pools (batch selection, crop) and in ``stats()``.
 """
 from __future__ import annotations
@@ -165,34 +165,50 @@ class _BlockPool:
     def mode_counts(self) -> torch.Tensor:
         return self.counts[:3]
 
-    def _reserve(self, n: int, fits: torch.Tensor, escape_len: torch.Tensor) -> tuple[int, int | None]:
-        """Make room for up to ``n`` new raw rows and ``n`` escape streams. Returns (new upper bound
-        of raw rows, exact count of this batch's raw blocks if a sync was needed, else None)."""
-        limit = self.geometry.escape_limit
+    # -- appending: encode, reserve room (one host sync for several pools at most), store ----------
+    def encode(self, blocks: torch.Tensor, heads: torch.Tensor):
+        """Encode bf16 ``[N, T, D]`` blocks (``heads`` int64 ``[N]``) with this pool's windows."""
+        return self._encode(blocks, self.base8[heads], self.base16[heads], self.geometry)
+
+    def _has_headroom(self, n: int) -> bool:
+        """Whether ``n`` more blocks surely fit (raw rows and escape streams) without reading the
+        device counters; refreshes the host bounds from the last non-blocking snapshot first."""
         if self._snap_event is None:
             self.n_raw, self.n_heap = int(self.counts[3]), int(self.counts[5])  # CPU: free to read
         elif self._snap_event.query():
             self.n_raw, self.n_heap = self._snap.tolist()  # the last append's non-blocking copy has landed
-        if self.n_raw + n <= self.raw.shape[0] - 1 and self.n_heap + n * limit <= self.heap.shape[0] - 1:
-            self.n_heap += n * limit
-            return self.n_raw + n, None
-        lens = torch.where(fits, escape_len.to(torch.int64), 0).sum()
-        cur, new, used, add = torch.stack([self.counts[3], (~fits).sum(), self.counts[5], lens]).tolist()  # the rare sync
+        return (self.n_raw + n <= self.raw.shape[0] - 1
+                and self.n_heap + n * self.geometry.escape_limit <= self.heap.shape[0] - 1)
+
+    def _sync_terms(self, enc) -> list[torch.Tensor]:
+        """Device scalars the exact reservation needs: raw rows in use, new raw blocks, heap bytes in
+        use, new stream bytes."""
+        lens = torch.where(enc.fits, enc.escape_len.to(torch.int64), 0).sum()
+        return [self.counts[3], (~enc.fits).sum(), self.counts[5], lens]
+
+    def _reserve_exact(self, cur: int, new: int, used: int, add: int) -> tuple[int, int]:
+        limit = self.geometry.escape_limit
         self.raw = _grow(self.raw, cur + new + 2 * self.step_blocks + 1)
         self.heap = _grow(self.heap, used + add + 1, slack=_headroom(used + add, self.step_blocks * limit))
         self.n_heap = used + add
         return cur + new, new
+
+    def _reserve_bound(self, n: int) -> tuple[int, None]:
+        self.n_heap += n * self.geometry.escape_limit
+        return self.n_raw + n, None
 
     def append(self, blocks: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
         """Encode ``blocks`` bf16 ``[N, T, D]`` (``heads`` int64 ``[N]``: kv-head of each block).
 
         Returns int32 ``[N]`` block-table entries (slot index, or ``-raw_index - 1``).
         """
+        return _append_pools([self], [blocks], heads)[0]
+
+    def store(self, enc, blocks: torch.Tensor, ub: int, new: int | None) -> torch.Tensor:
+        """Place encoded blocks (after :func:`_reserve_pools`); returns int32 table entries."""
         n, s0 = blocks.shape[0], self.n_slots
-        enc = self._encode(blocks, self.base8[heads], self.base16[heads], self.geometry)
         fits = enc.fits
         nfit = ~fits
-        ub, new = self._reserve(n, fits, enc.escape_len)
         start = self._append_escapes(enc, self.heap, self.counts[5:6])  # int64 [N]; streams of fitting blocks
         raw_pos = self.counts[3] + torch.cumsum(nfit, 0) - 1  # int64 [N], valid where ~fits
         if new is None:
@@ -304,6 +320,26 @@ class _CountsMemo:
                           torch.full((b,), tail_len, dtype=torch.int32, device=device))
             self.key = key
         return self.value
+
+
+def _reserve_pools(pools: list, encs: list) -> list[tuple[int, int | None]]:
+    """Reserve room in several pools for their encoded batches with at most ONE host sync: decode
+    steps fit the headroom (no sync); a prefill reads the exact counts of all pools at once (K and V
+    of a layer share the wait instead of stalling the GPU queue twice)."""
+    short = [not p._has_headroom(e.fits.shape[0]) for p, e in zip(pools, encs)]
+    vals = iter(())
+    if any(short):
+        terms = [t for p, e, s in zip(pools, encs, short) if s for t in p._sync_terms(e)]
+        vals = iter(torch.stack(terms).tolist())  # the rare sync
+    return [p._reserve_exact(*(next(vals) for _ in range(4))) if s else p._reserve_bound(e.fits.shape[0])
+            for p, e, s in zip(pools, encs, short)]
+
+
+def _append_pools(pools: list, blocks: list, heads: torch.Tensor) -> list[torch.Tensor]:
+    """Encode and store one batch of blocks per pool (e.g. a layer's K and V): int32 entries each."""
+    encs = [p.encode(b, heads) for p, b in zip(pools, blocks)]
+    res = _reserve_pools(pools, encs)
+    return [p.store(e, b, ub, new) for p, e, b, (ub, new) in zip(pools, encs, blocks, res)]
 
 
 def _local_heads(table: CalibrationTable, heads: int, layer_idx: int) -> CalibrationTable:
@@ -444,11 +480,10 @@ class GAACLayer(CacheLayerMixin):
         rem = tl + q - nfull * t
         self._ensure_table(self.num_blocks + nfull)
         heads = self._heads.view(1, h, 1).expand(b, h, nfull).reshape(-1)
-        for kind, seq in ((_K, seqs[_K]), (_V, seqs[_V])):
-            blocks = seq[:, :, : nfull * t].reshape(b * h * nfull, t, self.geometry.head_dim)
-            entries = self.pools[kind].append(blocks, heads)
+        blocks = [seq[:, :, : nfull * t].reshape(b * h * nfull, t, self.geometry.head_dim) for seq in seqs]
+        for kind, entries in zip((_K, _V), _append_pools(self.pools, blocks, heads)):  # K and V: <= 1 sync
             self.tables[kind][:, :, self.num_blocks : self.num_blocks + nfull] = entries.view(b, h, nfull)
-            self.tails[kind][:, :, :rem].copy_(seq[:, :, nfull * t :])
+            self.tails[kind][:, :, :rem].copy_(seqs[kind][:, :, nfull * t :])
         self.num_blocks += nfull
         self.tail_len = rem
         return nb0, seqs

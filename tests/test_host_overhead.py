@@ -196,3 +196,37 @@ def test_launcher_scratch_reuse_and_last_launch():
             q, pk["slots"], pv["slots"], pk["heap"], pv["heap"], pk["esc_start"], pv["esc_start"], pk["raw"],
             pv["raw"], pk["table"], pv["table"], pk["tail"].transpose(2, 3).contiguous().transpose(2, 3), pv["tail"],
             pk["num_blocks"], pk["tail_len"], kb8, kb16, vb8, vb16, geom)
+
+
+def test_prefill_reads_the_counters_of_k_and_v_in_one_sync(monkeypatch):
+    """A prefill must size the raw pool and escape heap from exact device counts (a host sync); K and
+    V of a layer share that one read, and decode steps inside the headroom read nothing."""
+    import gaac_hf.cache as C
+
+    class CountingTorch:
+        def __init__(self):
+            self.stacked = []
+
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+        def stack(self, tensors, *a, **k):
+            self.stacked.append(len(tensors))
+            return torch.stack(tensors, *a, **k)
+
+    proxy = CountingTorch()
+    monkeypatch.setattr(C, "torch", proxy)
+    gen = torch.Generator().manual_seed(3)
+    cache = _cache()
+    ks, vs = [], []
+    _step(cache, ks, vs, gen, 2, 3 * T + 1)  # prefill: every layer syncs once, for K and V together
+    assert proxy.stacked == [8] * L
+    _consume(cache)
+    proxy.stacked.clear()
+    for _ in range(T):  # one block per row and head completes on the way: inside the headroom
+        _step(cache, ks, vs, gen, 2, 1)
+        _consume(cache)
+    assert proxy.stacked == []
+    assert all(layer.num_blocks == 4 for layer in cache.layers)
+    k, v = cache.layers[0].full_kv()
+    assert _same(k, torch.cat(ks, 2)) and _same(v, torch.cat(vs, 2))
