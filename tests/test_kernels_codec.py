@@ -149,3 +149,41 @@ def test_codec_gpu_real_size(d):
     assert torch.equal(_bits(dec), _bits(x)[fit])
     fast = decode_blocks_triton(ref.slots[fit], (heap, start[fit]), b8, b16, geom, fast=True)
     assert torch.equal(_bits(fast), _bits(x)[fit])
+
+
+@pytest.mark.slow
+def test_triton_codec_on_real_smollm2_kv_through_a_heap(smollm2, wikitext_test):
+    """Real post-RoPE K/V of SmolLM2-135M (shipped table) through the cache's GPU path: Triton encoder
+    with rows at the escape limit, streams packed by append_escapes_triton into a heap that already
+    holds bytes, both Triton decoders -> the exact bits; slots and heap byte-identical to the reference."""
+    from transformers import DynamicCache
+
+    from gaac_hf.calibration import CalibrationTable
+
+    model, tok = smollm2
+    from pathlib import Path
+
+    table = CalibrationTable.load(Path(__file__).resolve().parents[1] / "calibration_data" / "smollm2-135m.safetensors")
+    geom = table.geometry
+    ids = tok(wikitext_test[30000:45000], return_tensors="pt").input_ids[:, :256]
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(ids, past_key_values=cache)
+    for layer in (0, 14, 29):  # first, middle, last
+        for kind, x in ((0, cache.layers[layer].keys[0]), (1, cache.layers[layer].values[0])):  # [H, S, D]
+            h, s, d = x.shape
+            nb = s // geom.block_size
+            blocks = x[:, : nb * geom.block_size].reshape(h * nb, geom.block_size, d).contiguous()
+            b8, b16 = (b.repeat_interleave(nb, 0) for b in table.bases(layer, kind))
+            ref = encode_blocks(blocks, b8, b16, geom)
+            assert ref.fits.all() and (ref.escape_len > 0).any()
+            got = encode_blocks_triton(blocks, b8, b16, geom, escape_width=geom.escape_limit)
+            assert torch.equal(got.slots, ref.slots) and torch.equal(got.escape_len, ref.escape_len)
+            heap = torch.full((1000 + int(ref.escape_len.sum()) + 16,), 0xA5, dtype=torch.uint8)
+            used = torch.tensor([1000], dtype=torch.int64)
+            start = append_escapes_triton(got, heap, used)
+            want_heap, want_start = pack_escapes(ref.escapes, ref.escape_len, start=1000)
+            assert torch.equal(heap[1000: int(used)], want_heap) and torch.equal(start, want_start)
+            for fast in (False, True):
+                dec = decode_blocks_triton(got.slots, (heap, start), b8, b16, geom, fast=fast)
+                assert torch.equal(_bits(dec), _bits(blocks)), (layer, kind, fast)
