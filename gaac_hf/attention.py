@@ -128,17 +128,19 @@ _UNFUSED_KWARGS = ("softcap", "s_aux", "sinks", "position_bias", "sliding_window
 
 # (mask, its version counter, kv_start) of the last mask seen: transformers passes one mask object to
 # every layer of a forward, so the reduction runs once per step instead of once per layer. The
-# identity check holds because the memo keeps the mask alive; _version catches in-place edits.
-_KV_START_MEMO: list = [None, -1, None]
+# identity check holds because the memo keeps the mask alive; _version catches in-place edits. The
+# entry is one immutable tuple, read and replaced whole, so two threads (two models) cannot mix the
+# fields of different masks.
+_KV_START_MEMO: list = [None]
 
 
 def _kv_start(attention_mask: torch.Tensor) -> torch.Tensor:
     """int32 ``[B]``: masked positions per row of a left-padding bool mask ``[B, 1, q, kv_len]``."""
-    memo = _KV_START_MEMO
-    if memo[0] is attention_mask and memo[1] == attention_mask._version:
+    memo = _KV_START_MEMO[0]
+    if memo is not None and memo[0] is attention_mask and memo[1] == attention_mask._version:
         return memo[2]
     kv_start = (~attention_mask[:, 0, -1, :]).sum(-1, dtype=torch.int32)
-    memo[:] = [attention_mask, attention_mask._version, kv_start]
+    _KV_START_MEMO[0] = (attention_mask, attention_mask._version, kv_start)
     return kv_start
 
 

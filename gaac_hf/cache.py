@@ -22,8 +22,9 @@ returns a tail carrier and the attention function reads this layer directly.
 
 Host syncs: none in decode steps (raw-fallback rows are placed on the device and the host tracks an
 upper bound refreshed from a non-blocking copy, see :class:`_BlockPool`); one per layer, for K and V
-together, when a prefill (or a run of long escape streams / raw fallbacks) outgrows the pools' headroom; a few in the rare operations
-that compact the pools (batch selection, crop) and in ``stats()``.
+together, when a prefill (or a run of long escape streams / raw fallbacks) outgrows the pools'
+headroom; a few in the rare operations that compact the pools (batch selection, crop) and in
+``stats()``.
 """
 from __future__ import annotations
 

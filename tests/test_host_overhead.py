@@ -230,3 +230,18 @@ def test_prefill_reads_the_counters_of_k_and_v_in_one_sync(monkeypatch):
     assert all(layer.num_blocks == 4 for layer in cache.layers)
     k, v = cache.layers[0].full_kv()
     assert _same(k, torch.cat(ks, 2)) and _same(v, torch.cat(vs, 2))
+
+
+def test_kv_start_memo_follows_the_mask():
+    """The per-step kv_start memo of the fused path: same mask -> same tensor; an in-place edit or
+    another mask -> recomputed (a stale left-padding offset would silently change attention)."""
+    from gaac_hf.attention import _kv_start
+
+    m = torch.ones(2, 1, 1, 6, dtype=torch.bool)
+    m[0, ..., :2] = False
+    a = _kv_start(m)
+    assert a.tolist() == [2, 0] and _kv_start(m) is a
+    m[1, ..., :3] = False  # in place: the version counter moves
+    assert _kv_start(m).tolist() == [2, 3]
+    other = torch.ones(2, 1, 1, 6, dtype=torch.bool)
+    assert _kv_start(other).tolist() == [0, 0]
