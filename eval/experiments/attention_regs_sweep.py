@@ -21,10 +21,22 @@ def bench(f):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--budget-s", type=float, default=300)
+    ap.add_argument("--gaac", default="", help="configs 'warps,ts,maxnreg;...' (maxnreg 0 = none) instead of the grid")
+    ap.add_argument("--bf16", default="", help="same for the BF16 kernel")
+    ap.add_argument("--pps", default="2,4,8")
+    ap.add_argument("--first-only", action="store_true", help="only the 64K B=1 case")
     args = ap.parse_args()
     t0 = time.time()
     rows, baselines, best = [], {}, {}
     cases = [("qwen3-8b", 1, 65536), ("qwen3-8b", 1, 131072), ("qwen3-8b", 4, 65536)]
+    def parse(kind, spec):
+        out = []
+        for c in filter(None, spec.split(";")):
+            w, ts, mr = (int(x) for x in c.split(","))
+            out.append((kind, w, ts, mr or None))
+        return out
+    if args.first_only:
+        cases = cases[:1]
     for ci, (shape, B, S) in enumerate(cases):
         case = BA.Case(shape, B, S, "cuda", seed=0)
         nbytes, bf16_bytes = case.nbytes()
@@ -34,7 +46,9 @@ def main():
         if ci == 0:
             confs = [("gaac", w, ts, mr) for w in (4, 8) for ts in (16, 32) for mr in (None, 168, 128, 96)]
             confs += [("bf16", w, ts, mr) for w in (4, 8) for ts in (32, 64) for mr in (None, 128, 96, 80)]
-            pps_list = (2, 4, 8)
+            if args.gaac or args.bf16:
+                confs = parse("gaac", args.gaac) + parse("bf16", args.bf16)
+            pps_list = tuple(int(x) for x in args.pps.split(","))
         else:
             confs = best["gaac"] + best["bf16"]
             pps_list = (2, 4, 8)
