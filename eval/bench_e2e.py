@@ -219,11 +219,11 @@ def run_case(model, table, B, S, dev, args):
         samples.append(prefill(cache))
         row["prefill_s_bf16"] = statistics.median(samples)
         row["prefill_s_bf16_samples"] = samples
-    for name, ctx in (("fa2", flash), ("cudnn", cudnn)):
+    for name, ctx in (("fa2", flash), ("cudnn", cudnn)) if not args.prefill_only else ():
         time_steps(name, cache, ctx)
     del cache
     torch.cuda.empty_cache() if dev.type == "cuda" else None
-    for name, ctx in (("static_fa2", flash), ("static_cudnn", cudnn)):
+    for name, ctx in (("static_fa2", flash), ("static_cudnn", cudnn)) if not args.prefill_only else ():
         with inplace_static_sdpa():
             cache = StaticCache(config=model.config, max_cache_len=S + extra)
             with flash():
@@ -250,7 +250,8 @@ def run_case(model, table, B, S, dev, args):
         st = cache.stats()
         row["gaac_stats"] = {k: st[k] for k in ("resident_bytes", "bf16_bytes", "ratio", "raw_fallback_blocks", "mode_shares")}
         row["bytes"]["kv_gaac"] = st["resident_bytes"]
-        time_steps("gaac", cache, nullcontext)
+        if not args.prefill_only:
+            time_steps("gaac", cache, nullcontext)
         del cache
     finally:
         model.set_attn_implementation("sdpa")
@@ -258,7 +259,7 @@ def run_case(model, table, B, S, dev, args):
     w, kb, kg = row["bytes"]["weights"], row["bytes"]["kv_bf16"], row["bytes"]["kv_gaac"]
     row["ideal_gpu_speedup"] = (w + kb) / (w + kg)
     row["prefill_overhead"] = row["prefill_s_gaac"] / row["prefill_s_bf16"] - 1
-    for base in ("fa2", "cudnn", "static_fa2", "static_cudnn"):
+    for base in ("fa2", "cudnn", "static_fa2", "static_cudnn") if not args.prefill_only else ():
         row[f"speedup_wall_vs_{base}"] = row[f"step_wall_us_{base}"] / row["step_wall_us_gaac"]
         row[f"speedup_gpu_vs_{base}"] = row[f"step_gpu_us_{base}"] / row["step_gpu_us_gaac"]
     return row
@@ -272,6 +273,7 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--prof-steps", type=int, default=3)
     p.add_argument("--budget-s", type=float, default=400)
+    p.add_argument("--prefill-only", action="store_true", help="time the prefills only (no decode steps)")
     p.add_argument("--prefill-reps", type=int, default=3, help="prefills timed per cache kind (median reported)")
     p.add_argument("--tiny", action="store_true", help="2-layer model on the CPU: checks the script, measures nothing")
     args = p.parse_args(argv)
@@ -316,6 +318,10 @@ def main(argv=None):
     for r in out["rows"]:
         if "error" in r:
             print(r["batch"], r["context"], r["error"][:80])
+            continue
+        if args.prefill_only:
+            print(f"{r['batch']:>2} {r['context']:>6} prefill bf16 {r['prefill_s_bf16']:.4f} s  gaac {r['prefill_s_gaac']:.4f} s"
+                  f"  overhead {100*r['prefill_overhead']:.2f}%  samples {r['prefill_s_bf16_samples']} / {r['prefill_s_gaac_samples']}")
             continue
         print(f"{r['batch']:>2} {r['context']:>6} {r['step_wall_us_fa2']/1e3:>8.1f}m {r['step_wall_us_cudnn']/1e3:>7.1f}m "
               f"{r['step_wall_us_static_cudnn']/1e3:>7.1f}m {r['step_wall_us_gaac']/1e3:>7.1f}m "

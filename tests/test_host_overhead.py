@@ -6,6 +6,7 @@
   stay right through crop / reorder / batch selection;
 * a prefill leaves pool and table headroom (the next decode steps' blocks do not reallocate), which
   ``stats()['allocated_bytes']`` reports and ``'resident_bytes'`` does not;
+* a prefill stores each layer's blocks at the next layer's append (no host sync inside a layer);
 * the attention launcher's reused scratch and lazy ``LAST_LAUNCH`` give the same results.
 """
 import pytest
@@ -245,3 +246,55 @@ def test_kv_start_memo_follows_the_mask():
     assert _kv_start(m).tolist() == [2, 3]
     other = torch.ones(2, 1, 1, 6, dtype=torch.bool)
     assert _kv_start(other).tolist() == [0, 0]
+
+
+def test_prefill_store_waits_for_the_next_layer(monkeypatch):
+    """A prefill parks each layer's encoded blocks and stores them at the next layer's append (on CUDA
+    the sizes arrive by a non-blocking copy meanwhile: no sync inside the layer); every public read
+    (tables, pools, stats, full_kv, kernel_view, crop) stores a parked append first, reset drops it."""
+    import gaac_hf.cache as C
+
+    order = []
+    real_store = C.GAACLayer._store_deferred
+    real_update = C.GAACLayer.update
+
+    def store(self, *a):
+        order.append(("store", self.layer_idx))
+        return real_store(self, *a)
+
+    def update(self, *a, **k):
+        order.append(("update", self.layer_idx))
+        return real_update(self, *a, **k)
+
+    monkeypatch.setattr(C.GAACLayer, "_store_deferred", store)
+    monkeypatch.setattr(C.GAACLayer, "update", update)
+    gen = torch.Generator().manual_seed(5)
+    cache = _cache(layers=3)
+    ks, vs = [], []
+    _step(cache, ks, vs, gen, 2, 3 * T + 5)
+    assert order == [("update", 0), ("update", 1), ("store", 0), ("update", 2), ("store", 1)]
+    last = cache.layers[2]
+    assert last._deferred.pending is not None and last._deferred.pending[0] is last
+    assert last.num_blocks == 3  # host counts are current; the tables are not stored yet
+    order.clear()
+    tables = last.tables  # a public read stores it
+    assert order == [("store", 2)] and last._deferred.pending is None
+    assert bool((tables[0][:, :, :3] >= 0).all())
+    _consume(cache)
+    for layer in cache.layers:
+        k, v = layer.full_kv()
+        assert _same(k, torch.cat(ks, 2)) and _same(v, torch.cat(vs, 2))
+    # every other public read flushes too
+    for read in (lambda c: c.stats(), lambda c: c.layers[2].full_kv(), lambda c: c.layers[2].kernel_view(),
+                 lambda c: c.layers[2].pools, lambda c: c.crop(-1)):
+        c2 = _cache(layers=3)
+        _step(c2, [], [], torch.Generator().manual_seed(5), 2, 3 * T + 5)
+        _consume(c2)
+        assert c2.layers[2]._deferred.pending is not None
+        read(c2)
+        assert c2.layers[2]._deferred.pending is None
+    # reset drops a parked append of its own layer
+    c3 = _cache(layers=3)
+    _step(c3, [], [], torch.Generator().manual_seed(5), 2, 3 * T + 5)
+    c3.layers[2].reset()
+    assert c3.layers[2]._deferred.pending is None
