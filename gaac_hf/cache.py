@@ -135,7 +135,7 @@ class _BlockPool:
     """
 
     def __init__(self, geometry: BlockGeometry, base8: torch.Tensor, base16: torch.Tensor, device,
-                 triton_codec: bool = True, step_blocks: int = 1) -> None:
+                 triton_codec: bool = True, step_blocks: int = 1, snap: torch.Tensor | None = None) -> None:
         g = self.geometry = geometry
         device = torch.device(device)
         kernels = _triton_codec(geometry, device) if triton_codec else None
@@ -161,7 +161,7 @@ class _BlockPool:
         self.counts = torch.zeros(6, dtype=torch.int64, device=device)
         self._snap = self._snap_event = None
         if device.type == "cuda":
-            self._snap = torch.zeros(2, dtype=torch.int64, pin_memory=True)
+            self._snap = snap if snap is not None else _HostSlab(2).take(2)  # pinned int64 [2]
             self._snap_event = torch.cuda.Event()
 
     @property
@@ -299,6 +299,34 @@ class _BlockPool:
         return self.slots.numel() + self.esc_start.numel() * 8 + self.heap.numel() + self.raw.numel() * 2
 
 
+#: pinned int64 counters per GAAC layer: 2 per pool snapshot (K, V) + 8 deferred sync terms
+_HOST_SLOTS_PER_LAYER = 12
+
+
+class _HostSlab:
+    """Pinned host memory for the non-blocking counter copies of a whole cache, allocated once.
+
+    Each pool snapshots 2 counters and each layer's deferred store 8 sync terms; a pinned allocation
+    per buffer (cudaHostAlloc, ~1 ms, and it synchronizes) cost ~90 ms per 36-layer prefill on the
+    H200, a fixed cost that showed as +4.5% prefill time at 32K (``e2e_h200_prefill_deferred.json``).
+    One slab per cache, handed out in slices, is one allocation.
+    """
+
+    __slots__ = ("n", "used", "buf")
+
+    def __init__(self, n: int) -> None:
+        self.n, self.used, self.buf = n, 0, None
+
+    def take(self, k: int) -> torch.Tensor:
+        """A pinned int64 ``[k]`` slice (a new slab when this one is full)."""
+        if self.buf is None or self.used + k > self.buf.numel():
+            self.buf = torch.zeros(max(self.n, k), dtype=torch.int64, pin_memory=True)
+            self.used = 0
+        out = self.buf[self.used : self.used + k]
+        self.used += k
+        return out
+
+
 class _CountsMemo:
     """``num_blocks`` / ``tail_len`` int32 ``[B]`` device tensors for :meth:`GAACLayer.kernel_view`,
     kept for the last ``(B, num_blocks, tail_len, device)`` asked for.
@@ -419,10 +447,12 @@ class GAACLayer(CacheLayerMixin):
 
     def __init__(self, layer_idx: int, table: CalibrationTable, geometry: BlockGeometry, config,
                  return_full_kv: bool | None = None, fused: bool = True, triton_codec: bool = True,
-                 counts_memo: _CountsMemo | None = None, deferred: _DeferredStore | None = None) -> None:
+                 counts_memo: _CountsMemo | None = None, deferred: _DeferredStore | None = None,
+                 host_slab: _HostSlab | None = None) -> None:
         super().__init__()
         self._counts_memo = counts_memo if counts_memo is not None else _CountsMemo()  # see kernel_view()
         self._deferred = deferred if deferred is not None else _DeferredStore()  # see _DeferredStore
+        self._host_slab = host_slab if host_slab is not None else _HostSlab(_HOST_SLOTS_PER_LAYER)
         self.layer_idx = layer_idx
         self.geometry = geometry
         self._table = table
@@ -480,8 +510,10 @@ class GAACLayer(CacheLayerMixin):
             )
         table = _local_heads(self._table, h, self.layer_idx)
         dev = self.device = key_states.device
-        self._pools = [_BlockPool(g, *table.bases(self.layer_idx, kind), dev, self.triton_codec, b * h)
-                      for kind in (_K, _V)]
+        cuda = dev.type == "cuda"
+        self._pools = [_BlockPool(g, *table.bases(self.layer_idx, kind), dev, self.triton_codec, b * h,
+                                  self._host_slab.take(2) if cuda else None)
+                       for kind in (_K, _V)]
         # One column from the start: kernels take the full-capacity table and want max_blocks >= 1.
         self._tables = [torch.zeros(b, h, 1, dtype=torch.int32, device=dev) for _ in (_K, _V)]
         self.tails = [torch.zeros(b, h, g.block_size, d, dtype=torch.bfloat16, device=dev) for _ in (_K, _V)]
@@ -489,7 +521,7 @@ class GAACLayer(CacheLayerMixin):
         # sync terms of a deferred store (4 per pool) land here without blocking (see _DeferredStore)
         self._terms_host = self._terms_event = None
         if dev.type == "cuda":
-            self._terms_host = torch.zeros(8, dtype=torch.int64, pin_memory=True)
+            self._terms_host = self._host_slab.take(8)
             self._terms_event = torch.cuda.Event()
         self.is_initialized = True
 
@@ -824,8 +856,9 @@ class GAACCache(Cache):
         types, kwargs = _layer_types_and_kwargs(text)
         memo = _CountsMemo()  # shared: in a step every GAAC layer asks for the same counts
         deferred = _DeferredStore()  # shared: a prefill's store waits until the next layer's append
+        slab = _HostSlab(_HOST_SLOTS_PER_LAYER * len(types))  # shared: one pinned allocation per cache
         layers = [
-            GAACLayer(i, table, geometry, text, return_full_kv, fused, triton_codec, memo, deferred)
+            GAACLayer(i, table, geometry, text, return_full_kv, fused, triton_codec, memo, deferred, slab)
             if lt == "full_attention"
             else DYNAMIC_LAYER_TYPE_MAPPING[lt](**kw)
             for i, (lt, kw) in enumerate(zip(types, kwargs))
