@@ -298,3 +298,33 @@ def test_prefill_store_waits_for_the_next_layer(monkeypatch):
     _step(c3, [], [], torch.Generator().manual_seed(5), 2, 3 * T + 5)
     c3.layers[2].reset()
     assert c3.layers[2]._deferred.pending is None
+
+
+def test_host_slab_hands_out_disjoint_slices(monkeypatch):
+    """The per-cache pinned slab (CUDA only; pinning stubbed out here): slices never overlap, a full
+    slab is replaced by a new one, and a cache makes its slab big enough for all its layers."""
+    import gaac_hf.cache as C
+
+    made = []
+
+    class NoPinTorch:
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+        def zeros(self, *a, pin_memory=False, **k):
+            t = torch.zeros(*a, **k)
+            made.append(t)
+            return t
+
+    monkeypatch.setattr(C, "torch", NoPinTorch())
+    slab = C._HostSlab(12)
+    parts = [slab.take(2), slab.take(2), slab.take(8)]
+    assert len(made) == 1 and [p.numel() for p in parts] == [2, 2, 8]
+    ptrs = [p.data_ptr() for p in parts]
+    assert ptrs == sorted(set(ptrs)) and ptrs[1] - ptrs[0] == 16 and ptrs[2] - ptrs[1] == 16
+    for i, p in enumerate(parts):
+        p.fill_(i + 1)
+    assert made[0].tolist() == [1, 1, 2, 2] + [3] * 8
+    extra = slab.take(2)  # full: a new slab, the old slices keep their memory
+    assert len(made) == 2 and extra.data_ptr() == made[1].data_ptr() and parts[2].tolist() == [3] * 8
+    assert C._HOST_SLOTS_PER_LAYER == 2 + 2 + 8  # K snapshot, V snapshot, deferred sync terms
