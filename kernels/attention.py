@@ -54,9 +54,9 @@ so CPU interpreter and GPU agree).
 
 Decoding (``_tile.decode_rows_pairs``): a thread owns whole groups of 8 values; per group it loads the
 8 sign|mantissa bytes (one 8-byte load), the lo2/hi1/tag words and its escape byte (from the heap, at
-``esc_start[e]`` plus the group's offset in the stream), spreads the code
-planes into one nibble per value, and then builds the values two at a time in 32-bit words (a BF16
-pair per op). Tiles are sub-blocks of ``tile_tokens`` rows; the escape offset (a prefix sum of the
+``esc_start[e]`` plus the group's offset in the stream), turns the code planes into one byte per
+coded exponent (two words per group, shifts and one multiply per plane), and then builds the values
+two at a time in 32-bit words (a BF16 pair per multiply-add chain). Tiles are sub-blocks of ``tile_tokens`` rows; the escape offset (a prefix sum of the
 groups' escape counts, the format stores none) is carried from sub-tile to sub-tile.
 
 Bit identity GAAC vs BF16: a raw block or the tail is loaded as the same four 32-bit pair words per

@@ -3,7 +3,8 @@ they can issue early / be pipelined), raw blocks as a rare override branch, tail
 escape bytes from a per-block chunk (ESC_MODE=1, tl.gather) or direct loads (ESC_MODE=0)."""
 import math
 import torch, triton, triton.language as tl
-from gaac_hf.kernels._tile import INTERPRET, base_pair_words, pairs_to_tile, raw_pair_words, _spread1, _spread2, _pair
+from gaac_hf.kernels._tile import INTERPRET, base_pair_words, pairs_to_tile, raw_pair_words
+from decode_v2 import _pair_v1 as _pair, _spread1_v1 as _spread1, _spread2_v1 as _spread2  # the decoder v3 was measured with
 from gaac_hf.kernels.attention import NEG, _as_dot_operand, _as_i16, _merge_kernel
 
 
