@@ -162,6 +162,8 @@ def group_planes(slot, stream, r0, esc_base, LO2_OFF: tl.constexpr, HI1_OFF: tl.
     g = tl.arange(0, G)[None, :]
     gi = t * G + g
     sm = tl.load((slot + r0 * D).to(tl.pointer_type(tl.int64)) + gi)
+    smlo = sm.to(tl.uint32)
+    smhi = (sm >> 32).to(tl.uint32)
     lo2 = tl.load((slot + LO2_OFF).to(tl.pointer_type(tl.uint16)) + r0 * G + gi).to(tl.uint32)
     hi1 = tl.load(slot + HI1_OFF + r0 * G + gi).to(tl.uint32)
     tag = (tl.load(slot + TAG_OFF + r0 * Q + t * Q + g // 4).to(tl.int32) >> (2 * (g % 4))) & 3
@@ -169,9 +171,10 @@ def group_planes(slot, stream, r0, esc_base, LO2_OFF: tl.constexpr, HI1_OFF: tl.
     flat = tl.reshape(cnt, [TS * G])
     incl = tl.cumsum(flat, 0)
     tot = tl.max(incl, 0)
-    esc = stream + (tl.reshape(incl - flat, [TS, G]) & 0xFFFF) + esc_base
+    start = (tl.reshape(incl - flat, [TS, G]) & 0xFFFF) + esc_base
+    esc = stream + start
     e0 = tl.load(esc, mask=tag > 0, other=0).to(tl.uint32)
-    return sm.to(tl.uint32), (sm >> 32).to(tl.uint32), lo2, hi1, tag, esc, e0, tot
+    return smlo, smhi, lo2, hi1, tag, esc, e0, tot
 
 
 @triton.jit
