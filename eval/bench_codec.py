@@ -45,6 +45,8 @@ def main():
     ap.add_argument("--out", default="eval/results/codec_h200.json")
     ap.add_argument("--quick", action="store_true", help="whole-layer sizes only, no PyTorch-reference timings")
     ap.add_argument("--heads", type=int, default=8, help="kv-heads of the whole-layer K (x 1,024 blocks of 64 tokens)")
+    ap.add_argument("--decode-configs", default="", help="extra fast-decoder launches 'warps,tile_tokens;...' "
+                    "(each checked bit for bit and timed as decode_fast_w{warps}_ts{tile})")
     args = ap.parse_args()
     dev = "cuda"
     rows = []
@@ -101,6 +103,15 @@ def main():
                 ("encode_triton_groups", lambda: encode_blocks_triton(xb, c8, c16, geom, slots=slots, fast=True, escape_width=geom.escape_limit)),
                 ("encode_to_heap", to_heap),
                 ("decode_triton_fast", lambda: decode_blocks_triton(sl, esc, st8, st16, geom, out=out, fast=True)))}
+            for cfg in filter(None, args.decode_configs.split(";")):
+                w, ts = (int(x) for x in cfg.split(","))
+                name = f"decode_fast_w{w}_ts{ts}"
+                f = (lambda w=w, ts=ts: decode_blocks_triton(sl, esc, st8, st16, geom, out=out, fast=True, tile_tokens=ts, num_warps=w))
+                out.fill_(float("nan"))
+                f()
+                ok_dec = ok_dec and bool(torch.equal(out.view(torch.int16), xb[fit].view(torch.int16)))
+                t[name] = triton.testing.do_bench(f, return_mode="median")
+                gpu[name] = gpu_us(f)
             if not args.quick:
                 t["encode_torch"] = triton.testing.do_bench(lambda: encode_blocks(xb, c8, c16, geom), return_mode="median", rep=40)
                 t["decode_torch"] = triton.testing.do_bench(lambda: decode_blocks(sl, esc, st8, st16, geom, validate=False), return_mode="median", rep=40)
@@ -110,7 +121,7 @@ def main():
                        us={k: v * 1e3 for k, v in t.items()},
                        gbps={k: (dec.numel() * 2 if k.startswith("decode") else nbytes) / (v * 1e-3) / 1e9 for k, v in t.items()},
                        encode_exact=ok_enc, decode_exact=ok_dec, gpu_us=gpu,
-                       gpu_gbps={k: (dec.numel() * 2 if k.startswith("decode") else nbytes) / (v * 1e-3) / 1e9 for k, v in gpu.items()})
+                       gpu_gbps={k: (dec.numel() * 2 if k.startswith("decode") else nbytes) / (v * 1e-6) / 1e9 for k, v in gpu.items()})
             rows.append(row)
             print(f"D={d:3d} blocks={n:5d} exact={ok_enc}/{ok_dec} fits={row['fits']:.4f} " +
                   " ".join(f"{k} {row['gbps'][k]:8.1f} GB/s ({row['us'][k]:.1f} us)" for k in t), flush=True)

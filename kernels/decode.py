@@ -68,6 +68,7 @@ def decode_blocks_triton(
     out: torch.Tensor | None = None,
     fast: bool = False,
     tile_tokens: int = 32,
+    num_warps: int | None = None,
 ) -> torch.Tensor:
     """Decode N slots to BF16 in one launch (bit-identical to ``codec.decode_blocks``).
 
@@ -81,6 +82,7 @@ def decode_blocks_triton(
             ``codec.decode_blocks``.
         base8, base16: uint8 ``[D]`` or ``[N, D]``.
         out: optional preallocated bf16 ``[N, T, D]``.
+        num_warps: launch option (default ``max(4, T * D / 1024)``); any value gives the same bits.
     Returns:
         bf16 ``[N, T, D]``.
     """
@@ -117,6 +119,6 @@ def decode_blocks_triton(
         _decode_kernel[(n,)](
             slots.contiguous(), heap, esc_start, heap_len, b8, b16, out.view(torch.int16), s8,
             SLOT_BYTES=g.slot_bytes, LO2_OFF=g.lo2_offset, HI1_OFF=g.hi1_offset, TAG_OFF=g.tag_offset, T=t, D=d, FAST=fast, TS=min(tile_tokens, t) if fast else t,
-            num_warps=max(4, t * d // 1024),
+            num_warps=num_warps or max(4, t * d // 1024),
         )
     return out

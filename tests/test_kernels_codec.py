@@ -99,6 +99,10 @@ def test_decode_matches_reference_and_roundtrips(geom):
     assert torch.equal(_bits(from_heap), _bits(x)[fit])
     fast = decode_blocks_triton(enc.slots[fit], (heap, start), b8, b16, geom, fast=True, tile_tokens=8)
     assert torch.equal(_bits(fast), _bits(x)[fit])
+    # launch options change nothing but speed
+    out2 = torch.full_like(fast, float("nan"))
+    decode_blocks_triton(enc.slots[fit], (heap, start), b8, b16, geom, out=out2, fast=True, tile_tokens=16, num_warps=2)
+    assert torch.equal(_bits(out2), _bits(x)[fit])
 
 
 def test_decode_garbage_slots_matches_reference():
