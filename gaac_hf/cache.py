@@ -245,7 +245,9 @@ class _BlockPool:
         self.counts[:3] += (enc.tags.reshape(-1, 1) == modes).sum(0)
         if self._snap is not None:
             self._snap.copy_(self.counts[3::2], non_blocking=True)  # raw rows, heap bytes
-            self._snap_event.record()
+            # on the stream that runs the copy: the pool's device, which need not be the current one
+            # (a model spread over several GPUs)
+            self._snap_event.record(torch.cuda.current_stream(self.counts.device))
         self.n_raw = ub
         self.encoded_blocks += n
         return entries.to(torch.int32)
@@ -583,7 +585,7 @@ class GAACLayer(CacheLayerMixin):
         if terms is not None:  # a prefill: store later, without a sync now (see _DeferredStore)
             if terms.is_cuda:
                 self._terms_host[: terms.numel()].copy_(terms, non_blocking=True)
-                self._terms_event.record()
+                self._terms_event.record(torch.cuda.current_stream(terms.device))  # the copy's stream
                 args = (encs, blocks, short, self._terms_host[: terms.numel()], self.num_blocks, nfull)
             self._deferred.pending = (self, args)
         else:
