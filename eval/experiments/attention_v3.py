@@ -9,23 +9,6 @@ from gaac_hf.kernels.attention import NEG, _as_dot_operand, _as_i16, _merge_kern
 
 
 @triton.jit
-def _planes_to_words(sm, lo2, hi1, tag, e0, esc, hn_ok, b8w0, b8w1, b8w2, b8w3, b16w0, b16w1, b16w2, b16w3, HAS_RAW_FAST: tl.constexpr):
-    smlo = sm.to(tl.uint32)
-    smhi = (sm >> 32).to(tl.uint32)
-    n = _spread2(lo2) | (_spread1(hi1) << 2) | (_spread1(e0) << 3)
-    z = tl.zeros_like(b8w0)
-    bw0 = tl.where(tag == 0, b8w0, tl.where(tag == 1, b16w0, z))
-    bw1 = tl.where(tag == 0, b8w1, tl.where(tag == 1, b16w1, z))
-    bw2 = tl.where(tag == 0, b8w2, tl.where(tag == 1, b16w2, z))
-    bw3 = tl.where(tag == 0, b8w3, tl.where(tag == 1, b16w3, z))
-    w0 = _pair(smlo & 0xFFFF, n, n, bw0, False)
-    w1 = _pair(smlo >> 16, n >> 8, n, bw1, False)
-    w2 = _pair(smhi & 0xFFFF, n >> 16, n, bw2, False)
-    w3 = _pair(smhi >> 16, n >> 24, n, bw3, False)
-    return w0, w1, w2, w3
-
-
-@triton.jit
 def _decode_sub(slot, stream, chunk, esc_base, r0, a0, a1, a2, a3, c0, c1, c2, c3,
                 LO2_OFF: tl.constexpr, HI1_OFF: tl.constexpr, TAG_OFF: tl.constexpr,
                 TS: tl.constexpr, D: tl.constexpr, ESC_MODE: tl.constexpr, ESCW: tl.constexpr):
