@@ -87,6 +87,30 @@ def test_attention_vs_fp64_and_bit_identical_to_bf16(B, HKV, GQ, D, T, lens, spl
     assert _rel(other, ref) < 1e-2
 
 
+def test_special_values_in_compressed_blocks_bit_identical_to_bf16():
+    """Sparse special bit patterns inside blocks that still fit (their groups go raw): -0, subnormals
+    of both signs, the smallest normal, max finite in V, and NaN / Inf in one V row. The GAAC kernel
+    must decode them exactly, so its output (NaNs included) has the bits of the BF16 twin's."""
+    B, HKV, GQ, D, T, lens = 1, 2, 4, 64, 16, [80]
+    geom, q, k, v, bases, _, _ = _case(B, HKV, GQ, D, T, lens, seed=11)
+    g = torch.Generator(device=DEV).manual_seed(12)
+    k_sp = torch.tensor([0x8000, 0x0001, 0x807F, 0x0080, 0x8001], dtype=torch.int32).to(torch.int16)
+    v_sp = torch.tensor([0x8000, 0x0001, 0x807F, 0x7F7F, 0xFF7F], dtype=torch.int32).to(torch.int16)
+    for x, sp in ((k, k_sp), (v, v_sp)):
+        idx = torch.randint(0, x.numel(), (x.numel() // 300,), generator=g, device=DEV)
+        x.view(torch.int16).view(-1)[idx] = sp.to(DEV)[torch.arange(idx.numel(), device=DEV) % len(sp)]
+    v.view(torch.int16)[0, 1, 20, :4] = torch.tensor([0x7FC1, 0xFF80, 0x7F80, 0xFFC3], dtype=torch.int32).to(torch.int16).to(DEV)
+    pk = pack_paged_kv(k, lens, bases[0], bases[1], geom)
+    pv = pack_paged_kv(v, lens, bases[2], bases[3], geom)
+    assert pk["fits_fraction"] == 1.0 and pv["fits_fraction"] == 1.0  # every block compressed
+    out = _gaac(geom, q, bases, pk, pv, num_splits=2)
+    base = _bf16(geom, q, k, v, lens, num_splits=2)
+    assert torch.equal(out.view(torch.int16), base.view(torch.int16))
+    # the NaN / Inf sit in channels 0-3 of a row of kv-head 1: only those output channels of its
+    # query heads (4-7) are non-finite
+    assert not out[0, 4:, :4].isfinite().any() and out[0, :4].isfinite().all() and out[0, 4:, 4:].isfinite().all()
+
+
 def test_left_padding_start_offset():
     lens = [90, 75]
     geom, q, k, v, bases, pk, pv = _case(2, 2, 4, 64, 16, lens, seed=5)

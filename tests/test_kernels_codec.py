@@ -191,3 +191,20 @@ def test_triton_codec_on_real_smollm2_kv_through_a_heap(smollm2, wikitext_test):
             for fast in (False, True):
                 dec = decode_blocks_triton(got.slots, (heap, start), b8, b16, geom, fast=fast)
                 assert torch.equal(_bits(dec), _bits(blocks)), (layer, kind, fast)
+            # the same real blocks with sparse special values (NaN payloads, +-Inf, +-0, subnormals,
+            # max finite): their groups go raw, the blocks still fit, so the fast decoder (which only
+            # sees fitting blocks) and both encoders meet every special bit pattern
+            sp = blocks.clone()
+            gen = torch.Generator().manual_seed(layer * 2 + kind)
+            pos = torch.randperm(sp.numel(), generator=gen)[: sp.numel() // 400]
+            pats = torch.tensor(SPECIALS, dtype=torch.int32).to(torch.int16)
+            _bits(sp).view(-1)[pos] = pats[torch.arange(pos.numel()) % len(pats)]
+            ref = encode_blocks(sp, b8, b16, geom)
+            assert ref.fits.all() and (ref.tags == 2).any()
+            for enc_fast in (False, True):
+                got = encode_blocks_triton(sp, b8, b16, geom, escape_width=geom.escape_limit, fast=enc_fast)
+                assert torch.equal(got.slots, ref.slots) and torch.equal(got.escape_len, ref.escape_len)
+            heap, start = pack_escapes(ref.escapes, ref.escape_len)
+            for fast in (False, True):
+                dec = decode_blocks_triton(got.slots, (heap, start), b8, b16, geom, fast=fast)
+                assert torch.equal(_bits(dec), _bits(sp)), ("specials", layer, kind, fast)
