@@ -355,6 +355,34 @@ class _CountsMemo:
         return self.value
 
 
+class _DeviceTables:
+    """The calibration table on the cache's device(s), copied once per cache and device.
+
+    One memo is shared by the layers of a :class:`GAACCache`. A host-to-device copy from pageable
+    memory synchronizes the host with the GPU; copying each layer's four base rows on its first
+    update was 4 syncs per layer in a prefill (found with ``eval/find_syncs.py``), each draining the
+    GPU queue while the host still had the layer to enqueue. Keyed by the device and the kv-head
+    range (tensor-parallel shards): the whole table moves once (a few KB), from pinned memory.
+    """
+
+    __slots__ = ("_by_key",)
+
+    def __init__(self) -> None:
+        self._by_key = {}
+
+    def get(self, table: CalibrationTable, device: torch.device) -> CalibrationTable:
+        if device.type == "cpu":
+            return table
+        if table.base8.device == device:
+            return table
+        key = (str(device), tuple(table.meta.get("kv_head_range") or ()))
+        hit = self._by_key.get(key)
+        if hit is None:
+            # from pinned memory without blocking, and not validated again: no sync at all
+            hit = self._by_key[key] = table.to(device, non_blocking=table.base8.device.type == "cpu")
+        return hit
+
+
 def _sync_plan(pools: list, encs: list) -> tuple[list[bool], torch.Tensor | None]:
     """Which pools lack headroom for their encoded batch, and (if any) the device scalars their exact
     reservation needs, stacked into one int64 tensor (reading it is the host sync)."""
@@ -450,8 +478,9 @@ class GAACLayer(CacheLayerMixin):
     def __init__(self, layer_idx: int, table: CalibrationTable, geometry: BlockGeometry, config,
                  return_full_kv: bool | None = None, fused: bool = True, triton_codec: bool = True,
                  counts_memo: _CountsMemo | None = None, deferred: _DeferredStore | None = None,
-                 host_slab: _HostSlab | None = None) -> None:
+                 host_slab: _HostSlab | None = None, device_tables: _DeviceTables | None = None) -> None:
         super().__init__()
+        self._device_tables = device_tables if device_tables is not None else _DeviceTables()  # see there
         self._counts_memo = counts_memo if counts_memo is not None else _CountsMemo()  # see kernel_view()
         self._deferred = deferred if deferred is not None else _DeferredStore()  # see _DeferredStore
         self._host_slab = host_slab if host_slab is not None else _HostSlab(_HOST_SLOTS_PER_LAYER)
@@ -510,8 +539,8 @@ class GAACLayer(CacheLayerMixin):
             raise ValueError(
                 f"layer {self.layer_idx}: KV head_dim {d} does not match the calibration table's {g.head_dim}"
             )
-        table = _local_heads(self._table, h, self.layer_idx)
         dev = self.device = key_states.device
+        table = self._device_tables.get(_local_heads(self._table, h, self.layer_idx), dev)
         cuda = dev.type == "cuda"
         self._pools = [_BlockPool(g, *table.bases(self.layer_idx, kind), dev, self.triton_codec, b * h,
                                   self._host_slab.take(2) if cuda else None)
@@ -859,8 +888,9 @@ class GAACCache(Cache):
         memo = _CountsMemo()  # shared: in a step every GAAC layer asks for the same counts
         deferred = _DeferredStore()  # shared: a prefill's store waits until the next layer's append
         slab = _HostSlab(_HOST_SLOTS_PER_LAYER * len(types))  # shared: one pinned allocation per cache
+        on_device = _DeviceTables()  # shared: the table crosses to the GPU once, not 4 copies per layer
         layers = [
-            GAACLayer(i, table, geometry, text, return_full_kv, fused, triton_codec, memo, deferred, slab)
+            GAACLayer(i, table, geometry, text, return_full_kv, fused, triton_codec, memo, deferred, slab, on_device)
             if lt == "full_attention"
             else DYNAMIC_LAYER_TYPE_MAPPING[lt](**kw)
             for i, (lt, kw) in enumerate(zip(types, kwargs))

@@ -8,6 +8,7 @@ another model or shape.
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -140,8 +141,16 @@ class CalibrationTable:
         meta = dict(self.meta, kv_head_range=[start, stop])
         return CalibrationTable(self.base8[:, :, start:stop].clone(), self.base16[:, :, start:stop].clone(), self.geometry, meta)
 
-    def to(self, device) -> "CalibrationTable":
-        return CalibrationTable(self.base8.to(device), self.base16.to(device), self.geometry, self.meta)
+    def to(self, device, non_blocking: bool = False) -> "CalibrationTable":
+        """The same table on ``device``. Not validated again (this table's values were checked when it
+        was built): reading them back would synchronize with a GPU. ``non_blocking`` copies a CPU
+        table through pinned memory without blocking the host."""
+        out = copy.copy(self)
+        b8, b16 = self.base8, self.base16
+        if non_blocking and b8.device.type == "cpu" and torch.cuda.is_available():
+            b8, b16 = b8.pin_memory(), b16.pin_memory()
+        out.base8, out.base16 = b8.to(device, non_blocking=non_blocking), b16.to(device, non_blocking=non_blocking)
+        return out
 
     # -- compatibility ---------------------------------------------------------------------------
     def check_model(self, config, *, kv_heads: int | None = None) -> None:

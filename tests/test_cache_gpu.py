@@ -56,6 +56,27 @@ def test_reference_path_on_cuda_is_bit_identical(model_table):
         assert same_bits(a, b)
 
 
+def test_prefill_and_decode_step_never_sync_the_host(model_table):
+    """A host sync inside a layer drains the GPU queue (the GPU then waits for the host's launches):
+    copying the calibration bases to the GPU layer by layer cost 4 syncs per layer, ~+3% of a 32K
+    prefill on the H200 (eval/NOTES.md). torch's sync debug mode raises on any synchronizing call."""
+    model, table = model_table
+    assert table.base8.device.type == "cpu"  # as users load it
+    ids = torch.randint(100, 49000, (1, 300), device="cuda")
+    cache = GAACCache(model.config, calibration=table)
+    with torch.no_grad(), attention(model, "gaac"):
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            out = model(input_ids=ids, past_key_values=cache, logits_to_keep=1)
+            nxt = out.logits[:, -1:].argmax(-1)
+            model(input_ids=nxt, past_key_values=cache, logits_to_keep=1)  # a decode step (fused kernel)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    assert cache.get_seq_length() == 301
+    assert cache.layers[0].num_blocks == 300 // 16
+
+
 def test_triton_codec_slots_decode_with_the_reference_codec(model_table):
     """On CUDA the pools are written by the Triton encoder; the reference decoder reads them back to
     DynamicCache's exact bits, and both codecs give bit-identical generate() results."""

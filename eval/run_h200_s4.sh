@@ -1,0 +1,18 @@
+#!/bin/bash
+# Session 4 H200 calls (device tool, repo root): bash eval/run_h200_s4.sh 1|2
+#   1. attention: Qwen3-8B shape, events and CUDA-graph timers side by side (does host launch overhead
+#      explain the ~150 us floor of our kernels at 4K?); codec with more fast-decoder launches.
+#   2. prefill profile at 32K with the pinned slab (where is the constant ~80 ms?).
+set -o pipefail
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "pip -e failed"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee $OUT/gpu.txt
+if [ "${1:-1}" = 1 ]; then
+timeout 330 python3 eval/bench_attention.py --out $OUT/attention_h200_graph.json --budget-s 260 --max-cases 8 \
+  --timer both --shapes qwen3-8b 2>&1 | grep -v "^  sweep" | tail -22 | tee $OUT/attention.log
+timeout 150 python3 eval/bench_codec.py --quick --heads 32 --decode-configs "1,16;2,8;4,8;2,32;8,16" \
+  --out $OUT/codec_h200_pairs_v3.json 2>&1 | tail -4 | tee $OUT/codec.log
+fi
+if [ "${1:-1}" = 2 ]; then
+timeout 300 python3 eval/profile_prefill.py --context 32768 --out $OUT/profile_prefill_h200_slab.json 2>&1 | tail -5 | tee $OUT/profile.log
+fi
