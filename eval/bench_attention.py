@@ -47,11 +47,61 @@ def case_list(smoke: bool):
     return order
 
 
-def timeit(fn, smoke):
+TIMER = "events"  # --timer: "events" (do_bench), "graph" (CUDA graph replay), "both"
+_FLUSH = {}
+
+
+def _flush_buf(dev):
+    if dev not in _FLUSH:  # 256 MB, like do_bench's L2 flush (the H200's L2 is 50 MB)
+        _FLUSH[dev] = torch.empty(64 * 2**20, dtype=torch.int32, device=dev)
+    return _FLUSH[dev]
+
+
+def timeit_graph(fn, n=10, reps=15):
+    """GPU time of one call without host launch overhead: n x (L2 flush, fn) captured in one CUDA graph,
+    replayed `reps` times; minus a graph of the n flushes alone; median, divided by n. Launch-bound
+    calls (small contexts, Python wrappers) read their kernel time here, their wall time under events."""
+    buf = _flush_buf(torch.device("cuda", torch.cuda.current_device()))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture stream, as torch.cuda.graphs recommends
+        buf.zero_()
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graphs = []
+    for with_fn in (True, False):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(n):
+                buf.zero_()
+                if with_fn:
+                    fn()
+        graphs.append(g)
+    med = []
+    for g in graphs:
+        g.replay()
+        torch.cuda.synchronize()
+        ts = []
+        for _ in range(reps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            g.replay()
+            b.record()
+            b.synchronize()
+            ts.append(a.elapsed_time(b))
+        med.append(sorted(ts)[len(ts) // 2])
+    del graphs
+    return (med[0] - med[1]) / n * 1e3
+
+
+def timeit(fn, smoke, timer=None):
     if smoke:
         t = time.perf_counter()
         fn()
         return (time.perf_counter() - t) * 1e6
+    if (timer or TIMER) == "graph":
+        return timeit_graph(fn)
     return triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median") * 1e3
 
 
@@ -128,14 +178,14 @@ class Case:
         return f
 
 
-def run_sdpa(case, name, smoke):
+def run_sdpa(case, name, smoke, timer=None):
     if smoke:
         return None, None
     try:
         f = case.sdpa(name)
         o = f()
         torch.cuda.synchronize()
-        return timeit(f, smoke), o.squeeze(2)
+        return timeit(f, smoke, timer), o.squeeze(2)
     except Exception as e:  # a backend that refuses the shape is recorded, not fatal
         print(f"  {name} failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
         return None, None
@@ -177,7 +227,13 @@ def main():
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, no SDPA (CPU interpreter check)")
     ap.add_argument("--asm-dir", default=None, help="write PTX/SASS of the best GAAC and BF16 kernels here")
     ap.add_argument("--max-cases", type=int, default=1000)
+    ap.add_argument("--timer", choices=("events", "graph", "both"), default="events",
+                    help="us = do_bench events (host launch included when it is the bottleneck) or CUDA-graph "
+                         "replay (GPU time only); 'both' adds us_graph to every row")
+    ap.add_argument("--shapes", default="", help="comma-separated shape filter, e.g. qwen3-8b")
     args = ap.parse_args()
+    global TIMER
+    TIMER = "graph" if args.timer == "graph" else "events"
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     t0 = time.time()
     meta = dict(
@@ -185,12 +241,19 @@ def main():
         versions=dict(torch=torch.__version__, triton=triton.__version__, python=platform.python_version(),
                       cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version() if dev == "cuda" else None),
         command=" ".join([os.path.basename(sys.executable)] + sys.argv),
-        method="median of triton.testing.do_bench (L2 flushed before each call); synthetic KV-like data "
+        timer=args.timer,
+        method=("median of triton.testing.do_bench (L2 flushed before each call)" if args.timer != "graph" else
+                "CUDA-graph replay, 10 x (256 MB L2 flush + call) minus 10 flushes, median of 15 replays")
+               + ("; us_graph: CUDA-graph replay (GPU time without host launch)" if args.timer == "both" else "")
+               + "; synthetic KV-like data "
                "(gaac_hf.kernels.synth), windows calibrated on the first 4K tokens; block 64 tokens",
         note_same_shape={k: f"same attention shape as {v}: rows measured once under {v}" for k, v in SAME_SHAPE.items()},
         rows=[], cut=[],
     )
     cases = case_list(args.smoke)
+    if args.shapes:
+        keep = set(args.shapes.split(","))
+        cases = [c for c in cases if c[0] in keep]
     best = None
     for ci, (shape, B, S) in enumerate(cases):
         if time.time() - t0 > args.budget_s or ci >= args.max_cases:
@@ -230,12 +293,24 @@ def main():
         us = {"gaac": timeit(f_g, args.smoke), "bf16_ours": timeit(f_b, args.smoke)}
         us["fa2"], o_fa = run_sdpa(case, "fa2", args.smoke)
         us["cudnn"], _ = run_sdpa(case, "cudnn", args.smoke)
+        us_graph = None
+        if args.timer == "both" and not args.smoke:
+            def graph_or_none(f, name):
+                try:
+                    return timeit(f, False, "graph")
+                except Exception as e:  # recorded, not fatal: events timing of the row stands
+                    print(f"  graph timing of {name} failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
+                    return None
+
+            us_graph = {"gaac": graph_or_none(f_g, "gaac"), "bf16_ours": graph_or_none(f_b, "bf16_ours")}
+            us_graph["fa2"], _ = run_sdpa(case, "fa2", False, "graph")
+            us_graph["cudnn"], _ = run_sdpa(case, "cudnn", False, "graph")
         ref = o_fa if o_fa is not None else A.attention_reference(case.q, case.k, case.v, [S] * B).to(dev)
         rel = float(((o_g.double() - ref.double()).norm() / ref.double().norm()).item())
         gb, bfb = case.nbytes()
         row = dict(
             shape=shape, batch=B, context=S, hq=case.hq, hkv=case.hkv, head_dim=case.d,
-            us=us, gaac_bytes=gb, bf16_bytes=bfb, ratio=bfb / gb,
+            us=us, **({"us_graph": us_graph} if us_graph else {}), gaac_bytes=gb, bf16_bytes=bfb, ratio=bfb / gb,
             speedup={k: (us[k] / us["gaac"] if us.get(k) else None) for k in ("fa2", "cudnn", "bf16_ours")},
             tbps={"gaac": gb / us["gaac"] / 1e6, **{k: (bfb / us[k] / 1e6 if us.get(k) else None) for k in ("fa2", "cudnn", "bf16_ours")}},
             bit_identical_vs_bf16_ours=bits_equal(o_g, o_b), bit_identical_vs_same_path=bits_equal(o_g, o_same),
@@ -251,6 +326,9 @@ def main():
               f"x/cudnn {sp['cudnn'] or float('nan'):.2f}  x/fa2 {sp['fa2'] or float('nan'):.2f}  "
               f"ratio {row['ratio']:.3f}  bits={row['bit_identical_vs_bf16_ours']}/{row['bit_identical_vs_bf16_ours_same_config']}/{row['bit_identical_vs_same_path']} "
               f"rel={rel:.1e}", flush=True)
+        if us_graph:
+            print("    graph: " + "  ".join(f"{k} {v:8.1f}" if v else f"{k} -" for k, v in us_graph.items())
+                  + f"  x/cudnn {us_graph['cudnn'] / us_graph['gaac'] if us_graph.get('cudnn') and us_graph.get('gaac') else float('nan'):.2f}", flush=True)
         del case
         if dev == "cuda":
             torch.cuda.empty_cache()
