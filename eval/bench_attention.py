@@ -162,6 +162,32 @@ class Case:
             bk["tail_len"], self.geom, num_splits=S, out=self.out, num_warps=warps, num_stages=stages,
             same_path=same_path, tile_tokens=ts, maxnreg=maxnreg)
 
+    def decompress(self, backend):
+        """The cache's unfused CUDA path (``GAACCache(fused=False)``): K and V decoded through their
+        block tables into BF16 (``decode_table_triton``, allocated per call as in ``GAACLayer.full``),
+        then SDPA on them."""
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        from gaac_hf.kernels.decode import decode_table_triton
+
+        be = {"fa2": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
+        T = self.geom.block_size
+        nb, tl = self.S // T, self.S % T
+
+        def full(p, bases):
+            x = torch.empty(self.B, self.hkv, self.S, self.d, dtype=torch.bfloat16, device=self.q.device)
+            decode_table_triton(p["slots"], p["heap"], p["esc_start"], p["raw"], p["table"], *bases, self.geom, nb, x)
+            if tl:
+                x[:, :, nb * T:].copy_(p["tail"][:, :, :tl])
+            return x
+
+        def f():
+            k, v = full(self.pk, self.kb), full(self.pv, self.vb)
+            with sdpa_kernel(be):
+                return torch.nn.functional.scaled_dot_product_attention(self.q4, k, v, enable_gqa=True)
+
+        return f
+
     def splits(self, pps):
         A.PROGRAMS_PER_SM = pps
         return A.default_num_splits(self.B, self.hkv, self.pk["max_blocks"], self.q.device)
@@ -189,6 +215,12 @@ def run_sdpa(case, name, smoke, timer=None):
     except Exception as e:  # a backend that refuses the shape is recorded, not fatal
         print(f"  {name} failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
         return None, None
+
+
+def sdpa_kernel_ctx(backend):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel({"fa2": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend])
 
 
 def bits_equal(a, b):
@@ -230,6 +262,8 @@ def main():
     ap.add_argument("--timer", choices=("events", "graph", "both"), default="events",
                     help="us = do_bench events (host launch included when it is the bottleneck) or CUDA-graph "
                          "replay (GPU time only); 'both' adds us_graph to every row")
+    ap.add_argument("--decompress", action="store_true",
+                    help="also time the unfused path: decode K/V through the tables, then SDPA cuDNN")
     ap.add_argument("--shapes", default="", help="comma-separated shape filter, e.g. qwen3-8b")
     args = ap.parse_args()
     global TIMER
@@ -293,6 +327,14 @@ def main():
         us = {"gaac": timeit(f_g, args.smoke), "bf16_ours": timeit(f_b, args.smoke)}
         us["fa2"], o_fa = run_sdpa(case, "fa2", args.smoke)
         us["cudnn"], _ = run_sdpa(case, "cudnn", args.smoke)
+        decomp_bits = None
+        if args.decompress and not args.smoke:
+            f_d = case.decompress("cudnn")
+            o_d = f_d()
+            with sdpa_kernel_ctx("cudnn"):
+                o_c = torch.nn.functional.scaled_dot_product_attention(case.q4, case.k, case.v, enable_gqa=True)
+            decomp_bits = bits_equal(o_d, o_c)  # same input bits, same cuDNN kernel: the same output bits
+            us["gaac_decompress_cudnn"] = timeit(f_d, False)
         us_graph = None
         if args.timer == "both" and not args.smoke:
             def graph_or_none(f, name):
@@ -305,6 +347,8 @@ def main():
             us_graph = {"gaac": graph_or_none(f_g, "gaac"), "bf16_ours": graph_or_none(f_b, "bf16_ours")}
             us_graph["fa2"], _ = run_sdpa(case, "fa2", False, "graph")
             us_graph["cudnn"], _ = run_sdpa(case, "cudnn", False, "graph")
+            if args.decompress:
+                us_graph["gaac_decompress_cudnn"] = graph_or_none(case.decompress("cudnn"), "decompress")
         ref = o_fa if o_fa is not None else A.attention_reference(case.q, case.k, case.v, [S] * B).to(dev)
         rel = float(((o_g.double() - ref.double()).norm() / ref.double().norm()).item())
         gb, bfb = case.nbytes()
@@ -318,6 +362,7 @@ def main():
             rel_err_vs_fa2=rel, modes_3_4_raw=case.modes, fits_fraction=[case.pk["fits_fraction"], case.pv["fits_fraction"]],
             escape_bytes_per_block=(case.pk["escape_bytes"] + case.pv["escape_bytes"]) / max(1, int((case.pk["table"] >= 0).sum() + (case.pv["table"] >= 0).sum())),
             slot_bytes=case.geom.slot_bytes, format_version=2, launch=info,
+            **({"bit_identical_decompress_cudnn_vs_cudnn": decomp_bits} if decomp_bits is not None else {}),
         )
         meta["rows"].append(row)
         sp = row["speedup"]
@@ -326,6 +371,8 @@ def main():
               f"x/cudnn {sp['cudnn'] or float('nan'):.2f}  x/fa2 {sp['fa2'] or float('nan'):.2f}  "
               f"ratio {row['ratio']:.3f}  bits={row['bit_identical_vs_bf16_ours']}/{row['bit_identical_vs_bf16_ours_same_config']}/{row['bit_identical_vs_same_path']} "
               f"rel={rel:.1e}", flush=True)
+        if decomp_bits is not None:
+            print(f"    decompress+cudnn {us['gaac_decompress_cudnn']:8.1f} us  bits==cudnn {decomp_bits}", flush=True)
         if us_graph:
             print("    graph: " + "  ".join(f"{k} {v:8.1f}" if v else f"{k} -" for k, v in us_graph.items())
                   + f"  x/cudnn {us_graph['cudnn'] / us_graph['gaac'] if us_graph.get('cudnn') and us_graph.get('gaac') else float('nan'):.2f}", flush=True)

@@ -31,3 +31,13 @@ timeout 240 python3 -m pytest -q -x -m gpu tests/ 2>&1 | grep -v "^  " | tail -3
 timeout 200 python3 eval/bench_e2e.py --prefill-only --prefill-reps 5 --contexts 32768 65536 --batches 1 \
   --budget-s 220 --out $OUT/e2e_h200_prefill_nosync.json 2>&1 | tail -3 | tee $OUT/e2e_prefill.log
 fi
+if [ "${1:-1}" = 5 ]; then  # the decompress-then-SDPA path (decode_table_triton)
+timeout 120 python3 -m pytest -q -x -m gpu tests/test_cache_gpu.py tests/test_kernels_codec.py 2>&1 | tail -3 | tee $OUT/pytest_gpu.txt
+timeout 240 python3 eval/bench_attention.py --out $OUT/attention_h200_decompress.json --budget-s 150 --max-cases 6 \
+  --timer graph --decompress --shapes qwen3-8b 2>&1 | grep -v "^  sweep" | tail -14 | tee $OUT/attention.log
+fi
+if [ "${1:-1}" = 6 ]; then  # fused="auto" end to end at 64K
+timeout 80 python3 -m pytest -q -x -m gpu tests/test_cache_gpu.py 2>&1 | tail -3 | tee $OUT/pytest_gpu.txt
+timeout 230 python3 eval/bench_e2e.py --contexts 65536 --batches 1 4 --prefill-reps 1 --steps 10 --prof-steps 2 \
+  --budget-s 200 --out $OUT/e2e_h200_auto.json 2>&1 | grep -v Warn | tail -4 | tee $OUT/e2e.log
+fi

@@ -25,9 +25,13 @@ Paths inside :func:`gaac_attention_forward`:
   input rather than decoded right after being encoded: a prefill decodes nothing), and call
   transformers' own ``sdpa_attention_forward`` with the same mask and kwargs, so logits are
   bit-identical to ``DynamicCache`` + ``"sdpa"``.
+  On CUDA the blocks are decoded by ``decode_table_triton`` straight through the block tables
+  (``GAACLayer.full``); the attention itself is then the stock SDPA (cuDNN/flash), so this path is
+  also the faster one for long contexts on the H200 (see ``FUSED_MAX_TOKENS``).
 * fused (CUDA, q_len == 1, kernel importable): :func:`_fused_decode`, the Triton decode kernel of
   ``gaac_hf.kernels.attention`` reading slots directly. Falls back to the reference path when the
-  kernel is missing or declines the call (returns None).
+  kernel is missing or declines the call (returns None), and with ``GAACCache(fused="auto")`` (the
+  default) from ``FUSED_MAX_TOKENS`` cached tokens on.
 
 Nothing is registered at import: :func:`register` / :func:`unregister` do it, idempotently.
 """
@@ -122,6 +126,12 @@ def _fused_kernel():
     return _KERNEL or None
 
 
+#: With ``GAACCache(fused="auto")``, decode steps over at least this many cached tokens take the
+#: decode-then-SDPA path instead of the fused kernel. Measured on the H200 (Qwen3-8B shape, B=1,
+#: ``eval/results/attention_h200_decompress.json``): fused 26.7 / 88.0 / 167.6 / 323.4 us vs
+#: decode-then-cuDNN 35.5 / 82.2 / 138.9 / 252.1 us at 4K / 16K / 32K / 64K; at B=4 64K 1,529 vs 929 us.
+FUSED_MAX_TOKENS = 16384
+
 # Attention kwargs the fused kernel does not implement: their presence means "reference path".
 _UNFUSED_KWARGS = ("softcap", "s_aux", "sinks", "position_bias", "sliding_window")
 
@@ -160,6 +170,8 @@ def _fused_decode(module, query: torch.Tensor, layer, attention_mask, scaling: f
     """
     if not layer.fused or any(kwargs.get(k) is not None for k in _UNFUSED_KWARGS):
         return None
+    if layer.fused == "auto" and layer.get_seq_length() >= FUSED_MAX_TOKENS:
+        return None  # decode-then-SDPA is faster there
     if layer.geometry.group_axis != "channel":
         return None
     kernel = _fused_kernel()

@@ -98,6 +98,12 @@ def _triton_codec(geometry: BlockGeometry, device) -> tuple | None:
     return enc, decode_blocks_triton, append_escapes_triton
 
 
+def _decode_table():
+    from gaac_hf.kernels.decode import decode_table_triton  # only reached by pools with Triton kernels
+
+    return decode_table_triton
+
+
 def _append_escapes_reference(enc, heap: torch.Tensor, used: torch.Tensor) -> torch.Tensor:
     """Reference twin of ``kernels.encode.append_escapes_triton``: the fitting blocks' streams are
     appended to ``heap`` in block order at ``used`` (advanced in place); returns int64 ``[N]`` starts.
@@ -476,7 +482,7 @@ class GAACLayer(CacheLayerMixin):
     is_croppable = True
 
     def __init__(self, layer_idx: int, table: CalibrationTable, geometry: BlockGeometry, config,
-                 return_full_kv: bool | None = None, fused: bool = True, triton_codec: bool = True,
+                 return_full_kv: bool | None = None, fused: bool | str = "auto", triton_codec: bool = True,
                  counts_memo: _CountsMemo | None = None, deferred: _DeferredStore | None = None,
                  host_slab: _HostSlab | None = None, device_tables: _DeviceTables | None = None) -> None:
         super().__init__()
@@ -769,8 +775,17 @@ class GAACLayer(CacheLayerMixin):
             nb, tail = self.num_blocks, self.tails[kind][:, :, : self.tail_len]
         if nb == 0:
             return tail.contiguous()
+        pool = self._pools[kind]
+        if pool.triton:
+            # straight through the block table into the result: no gathered copy of the slots, no
+            # select against the raw pool, no concatenation (bit-identical to the gather below)
+            out = torch.empty(b, h, nb * t + tail.shape[2], d, dtype=torch.bfloat16, device=tail.device)
+            _decode_table()(pool.slots, pool.heap, pool.esc_start, pool.raw, self._tables[kind].contiguous(), pool.base8,
+                            pool.base16, self.geometry, nb, out)
+            out[:, :, nb * t:].copy_(tail)
+            return out
         heads = self._heads.view(1, h, 1).expand(b, h, nb).reshape(-1)
-        blocks = self._pools[kind].gather(self._tables[kind][:, :, :nb].reshape(-1), heads)
+        blocks = pool.gather(self._tables[kind][:, :, :nb].reshape(-1), heads)
         return torch.cat([blocks.view(b, h, nb * t, d), tail], dim=2)
 
     def kernel_view(self) -> dict:
@@ -863,9 +878,11 @@ class GAACCache(Cache):
         block_size: override the table's block size (the windows do not depend on it).
         return_full_kv: None (default) = automatic from the config; True = always return full K/V
             (any attention function works); False = always return the tail carrier.
-        fused: let GAAC attention use the fused Triton decode kernel on CUDA for q_len == 1
-            (default). False forces the reference path (decode + SDPA, bit-identical to sdpa); use it
-            with attention masks that are not of the left-padding form.
+        fused: decode steps (q_len == 1) on CUDA. ``"auto"`` (default): the fused Triton kernel
+            below ``gaac_hf.attention.FUSED_MAX_TOKENS`` cached tokens, decode-then-SDPA from there
+            on (faster on the H200 at long contexts); True: always the fused kernel; False: never
+            (decode + SDPA, bit-identical to sdpa; use it with attention masks that are not of the
+            left-padding form).
         triton_codec: on CUDA, encode and decode blocks with the Triton kernels of
             ``gaac_hf.kernels`` (byte- and bit-identical to the reference codec; default). False
             keeps the reference PyTorch codec everywhere.
@@ -876,7 +893,9 @@ class GAACCache(Cache):
 
     def __init__(self, config, calibration=None, *, block_size: int | None = None,
                  return_full_kv: bool | None = None,
-                 fused: bool = True, triton_codec: bool = True) -> None:
+                 fused: bool | str = "auto", triton_codec: bool = True) -> None:
+        if fused not in (True, False, "auto"):
+            raise ValueError(f'fused must be True, False or "auto", got {fused!r}')
         table = _resolve_table(calibration)
         table.check_model(config)
         text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config

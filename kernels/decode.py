@@ -130,3 +130,109 @@ def decode_blocks_triton(
             num_warps=warps,
         )
     return out
+
+
+@triton.jit
+def _table_decode_kernel(
+    SLOTS,  # *uint8 [num_slots, SLOT_BYTES]
+    HEAP,  # *uint8 [M]: escape heap
+    ESC_START,  # *int64 [num_slots]
+    RAW,  # *int16 [num_raw, T, D]: raw-fallback rows
+    TABLE,  # *int32 [B, H, MAXB]: e >= 0 slot, e < 0 raw row -1-e
+    B8,  # *uint8 [H, D]
+    B16,
+    OUT,  # *int16 [B, H, S, D]: block j of (b, h) -> rows [j*T, (j+1)*T)
+    H,
+    MAXB,
+    S,
+    SLOT_BYTES: tl.constexpr,
+    LO2_OFF: tl.constexpr,
+    HI1_OFF: tl.constexpr,
+    TAG_OFF: tl.constexpr,
+    T: tl.constexpr,
+    D: tl.constexpr,
+    TS: tl.constexpr,
+):
+    bh = tl.program_id(0).to(tl.int64)
+    j = tl.program_id(1).to(tl.int64)
+    h = bh % H
+    e = tl.load(TABLE + bh * MAXB + j).to(tl.int64)
+    dst = OUT + (bh * S + j * T) * D
+    r = tl.arange(0, TS)[:, None]
+    c = tl.arange(0, D)[None, :]
+    if e >= 0:  # a slot: every slot a table references was written with fits == True
+        esc0 = tl.load(ESC_START + e)
+        a0, a1, a2, a3 = base_pair_words(B8, h, D)
+        c0, c1, c2, c3 = base_pair_words(B16, h, D)
+        esc = tl.full([], 0, tl.int32)
+        for sub in tl.static_range(T // TS):
+            w0, w1, w2, w3, esc = decode_rows_pairs(SLOTS + e * SLOT_BYTES, HEAP + esc0, sub * TS, esc,
+                                                    a0, a1, a2, a3, c0, c1, c2, c3, LO2_OFF, HI1_OFF, TAG_OFF, TS, D)
+            tl.store(dst + (sub * TS + r) * D + c, pairs_to_tile(w0, w1, w2, w3, TS, D))
+    else:  # a raw-fallback block: copied as it is
+        src = RAW + (-1 - e) * (T * D)
+        for sub in tl.static_range(T // TS):
+            tl.store(dst + (sub * TS + r) * D + c, tl.load(src + (sub * TS + r) * D + c))
+
+
+def decode_table_triton(
+    slots: torch.Tensor,
+    heap: torch.Tensor,
+    esc_start: torch.Tensor,
+    raw: torch.Tensor,
+    table: torch.Tensor,
+    base8: torch.Tensor,
+    base16: torch.Tensor,
+    geometry: BlockGeometry,
+    num_blocks: int,
+    out: torch.Tensor,
+    *,
+    tile_tokens: int | None = None,
+    num_warps: int | None = None,
+) -> torch.Tensor:
+    """Decode the first ``num_blocks`` blocks of every (row, kv-head) of a block table into BF16, in
+    place in ``out`` (the cache's decompressed K or V; the caller writes the tail positions).
+
+    One program per (row, head, block): a slot entry is decoded with the fast decoder (slots that a
+    table references were all written with fits == True), a raw entry is copied. Bit-identical to
+    the reference ``GAACLayer`` gather (``codec.decode_blocks`` + raw rows); no host sync.
+
+    Args:
+        slots: uint8 ``[num_slots, slot_bytes]``; heap: uint8 ``[M]``; esc_start: int64 ``[num_slots]``.
+        raw: bf16 ``[num_raw, T, D]`` raw-fallback rows.
+        table: int32 ``[B, H, max_blocks]`` (``max_blocks >= num_blocks``); ``e >= 0`` slot,
+            ``e < 0`` raw row ``-1-e``.
+        base8, base16: uint8 ``[H, D]``.
+        num_blocks: blocks to decode per (row, head).
+        out: contiguous bf16 ``[B, H, S, D]`` with ``S >= num_blocks * T``; rows ``[0, num_blocks*T)``
+            are written.
+        tile_tokens, num_warps: launch options of the fast decoder (see :func:`decode_blocks_triton`).
+    Returns:
+        ``out``.
+    """
+    _check_geometry(geometry)
+    g = geometry
+    t, d = g.block_size, g.head_dim
+    if table.dtype != torch.int32 or table.dim() != 3 or not table.is_contiguous():
+        raise ValueError(f"table must be contiguous int32 [B, H, max_blocks], got {table.dtype} {tuple(table.shape)}")
+    b, h, maxb = table.shape
+    if not 0 <= num_blocks <= maxb:
+        raise ValueError(f"num_blocks {num_blocks} outside the table's [0, {maxb}]")
+    if out.dtype != torch.bfloat16 or out.dim() != 4 or tuple(out.shape[:2]) != (b, h) or out.shape[3] != d \
+            or out.shape[2] < num_blocks * t or not out.is_contiguous():
+        raise ValueError(f"out must be contiguous bf16 [{b}, {h}, >= {num_blocks * t}, {d}], got {out.dtype} {tuple(out.shape)}")
+    if slots.dtype != torch.uint8 or slots.shape[1:] != (g.slot_bytes,) or heap.dtype != torch.uint8 or heap.numel() == 0:
+        raise ValueError("slots must be uint8 [N, slot_bytes] and heap a non-empty uint8 [M]")
+    if raw.dtype != torch.bfloat16 or raw.shape[1:] != (t, d) or raw.shape[0] == 0:
+        raise ValueError(f"raw must be bf16 [>= 1, {t}, {d}]")
+    for name, bb in (("base8", base8), ("base16", base16)):
+        if bb.dtype != torch.uint8 or bb.shape != (h, d):
+            raise ValueError(f"{name} must be uint8 [{h}, {d}], got {bb.dtype} {tuple(bb.shape)}")
+    if b * h * num_blocks:
+        _table_decode_kernel[(b * h, num_blocks)](
+            slots.contiguous(), heap, esc_start.contiguous(), raw.contiguous().view(torch.int16), table,
+            base8.contiguous(), base16.contiguous(), out.view(torch.int16), h, maxb, out.shape[2],
+            SLOT_BYTES=g.slot_bytes, LO2_OFF=g.lo2_offset, HI1_OFF=g.hi1_offset, TAG_OFF=g.tag_offset,
+            T=t, D=d, TS=min(tile_tokens or (16 if d <= 64 else 8), t), num_warps=num_warps or max(2, d // 64),
+        )
+    return out

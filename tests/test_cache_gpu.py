@@ -182,3 +182,28 @@ def test_decode_finalize_without_host_sync(model_table):
     assert same_bits(k, torch.cat(ks, 2)) and same_bits(v, torch.cat(vs, 2))
     st = cache.stats()
     assert st["raw_fallback_blocks"] > 0 and st["stored_blocks"] == 2 * 2 * 3 * 6
+
+
+def test_auto_takes_decode_then_sdpa_past_the_threshold(model_table, monkeypatch):
+    """fused="auto": from FUSED_MAX_TOKENS cached tokens on, decode steps decode K/V through the block
+    tables (decode_table_triton) and run the stock SDPA: no fused launch, and generate() is
+    bit-identical to DynamicCache + sdpa (tokens and every step's logits)."""
+    model, table = model_table
+    monkeypatch.setattr(gattn, "FUSED_MAX_TOKENS", 64)
+    kern = gattn._fused_kernel()
+    if kern is not None:
+        def refuse(*a, **k):
+            raise AssertionError("the fused kernel ran past FUSED_MAX_TOKENS")
+        monkeypatch.setattr(kern, "gaac_decode_attention", refuse)
+    inputs = _prompt(2, 100, 5)
+    kw = dict(do_sample=False, max_new_tokens=6, return_dict_in_generate=True, output_logits=True,
+              cache_implementation=None, pad_token_id=0)
+    with torch.no_grad():
+        ref = model.generate(**inputs, past_key_values=DynamicCache(config=model.config), **kw)
+        with attention(model, "gaac"):
+            cache = GAACCache(model.config, calibration=table)  # fused="auto" by default
+            out = model.generate(**inputs, past_key_values=cache, **kw)
+    assert cache.layers[0].fused == "auto" and cache.layers[0].pools[0].triton
+    assert torch.equal(ref.sequences, out.sequences)
+    for a, b in zip(ref.logits, out.logits):
+        assert same_bits(a, b)

@@ -328,3 +328,28 @@ def test_host_slab_hands_out_disjoint_slices(monkeypatch):
     extra = slab.take(2)  # full: a new slab, the old slices keep their memory
     assert len(made) == 2 and extra.data_ptr() == made[1].data_ptr() and parts[2].tolist() == [3] * 8
     assert C._HOST_SLOTS_PER_LAYER == 2 + 2 + 8  # K snapshot, V snapshot, deferred sync terms
+
+
+def test_fused_option_is_checked_and_auto_declines_long_contexts(monkeypatch):
+    """fused="auto" hands decode steps past gaac_hf.attention.FUSED_MAX_TOKENS to the decode-then-SDPA
+    path before anything touches a kernel; bad values are refused."""
+    import gaac_hf.attention as gattn
+
+    with pytest.raises(ValueError, match="fused must be"):
+        GAACCache(_cache().layers[0]._config, calibration=_cache().table, fused="yes")
+
+    class Layer:
+        fused = "auto"
+
+        def __init__(self, n):
+            self.n = n
+            self.geometry = BlockGeometry(block_size=T, head_dim=D)
+
+        def get_seq_length(self):
+            return self.n
+
+    monkeypatch.setattr(gattn, "_fused_kernel", lambda: (_ for _ in ()).throw(AssertionError("probed")))
+    q = torch.zeros(1, 2, 1, D, dtype=torch.bfloat16)
+    assert gattn._fused_decode(None, q, Layer(gattn.FUSED_MAX_TOKENS), None, 1.0) is None
+    with pytest.raises(AssertionError, match="probed"):  # below the threshold it goes on to the kernel
+        gattn._fused_decode(None, q, Layer(gattn.FUSED_MAX_TOKENS - 1), None, 1.0)

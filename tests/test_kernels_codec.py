@@ -8,7 +8,8 @@ import torch
 
 from gaac_hf.codec import decode_blocks, encode_blocks, pack_escapes
 from gaac_hf.format import BlockGeometry
-from gaac_hf.kernels.decode import decode_blocks_triton
+from gaac_hf.kernels.attention import pack_paged_kv
+from gaac_hf.kernels.decode import decode_blocks_triton, decode_table_triton
 from gaac_hf.kernels.encode import append_escapes_triton, encode_blocks_triton
 from gaac_hf.kernels.synth import calibrate, synthetic_kv
 
@@ -155,6 +156,31 @@ def test_codec_gpu_real_size(d):
     assert torch.equal(_bits(fast), _bits(x)[fit])
 
 
+@pytest.mark.parametrize("geom", GEOMS[:3], ids=lambda g: f"T{g.block_size}-D{g.head_dim}")
+def test_table_decode_gives_back_the_cache_bits(geom):
+    """decode_table_triton over a paged cache (slots through a heap, raw fallbacks, a table with spare
+    columns) writes exactly the dense KV the cache was built from, and nothing past num_blocks."""
+    t, d = geom.block_size, geom.head_dim
+    B, H, nb = 2, 2, 5
+    x, _, _ = _adversarial(B * H * nb, t, d, seed=d + 7)  # specials, random-bit blocks, 4-bit groups
+    x = x.reshape(B, H, nb * t, d)
+    b8, b16 = calibrate(x)
+    force = torch.arange(B * H * nb) % 4 == 3  # plus forced raw entries
+    lens = [nb * t + 3] * B  # complete blocks + a tail the kernel must not touch
+    xs = torch.cat([x, x[:, :, :3]], dim=2).contiguous()
+    pk = pack_paged_kv(xs, lens, b8, b16, geom, force_raw=force)
+    assert (pk["table"] < 0).any() and (pk["table"] >= 0).any()
+    table = torch.cat([pk["table"], torch.full((B, H, 2), 10**6, dtype=torch.int32)], dim=2).contiguous()
+    out = torch.full((B, H, nb * t + 3, d), float("nan"), dtype=torch.bfloat16)  # poison
+    decode_table_triton(pk["slots"], pk["heap"], pk["esc_start"], pk["raw"], table, b8, b16, geom, nb, out)
+    assert torch.equal(_bits(out[:, :, : nb * t]), _bits(x))
+    assert out[:, :, nb * t:].isnan().all()  # the tail positions belong to the caller
+    with pytest.raises(ValueError, match="num_blocks"):
+        decode_table_triton(pk["slots"], pk["heap"], pk["esc_start"], pk["raw"], table, b8, b16, geom, nb + 3, out)
+    with pytest.raises(ValueError, match="out must be"):
+        decode_table_triton(pk["slots"], pk["heap"], pk["esc_start"], pk["raw"], table, b8, b16, geom, nb, out[:, :1])
+
+
 @pytest.mark.slow
 def test_triton_codec_on_real_smollm2_kv_through_a_heap(smollm2, wikitext_test):
     """Real post-RoPE K/V of SmolLM2-135M (shipped table) through the cache's GPU path: Triton encoder
@@ -191,6 +217,13 @@ def test_triton_codec_on_real_smollm2_kv_through_a_heap(smollm2, wikitext_test):
             for fast in (False, True):
                 dec = decode_blocks_triton(got.slots, (heap, start), b8, b16, geom, fast=fast)
                 assert torch.equal(_bits(dec), _bits(blocks)), (layer, kind, fast)
+            # the same layer as a paged cache, decoded through its block table (the cache's
+            # decompress-then-SDPA path on CUDA)
+            hb8, hb16 = table.bases(layer, kind)
+            pk = pack_paged_kv(x[None].contiguous(), [s], hb8, hb16, geom)
+            out = torch.full((1, h, nb * geom.block_size, d), float("nan"), dtype=torch.bfloat16)
+            decode_table_triton(pk["slots"], pk["heap"], pk["esc_start"], pk["raw"], pk["table"], hb8, hb16, geom, nb, out)
+            assert torch.equal(_bits(out[0]), _bits(blocks.view(h, nb * geom.block_size, d))), (layer, kind, "table")
             # the same real blocks with sparse special values (NaN payloads, +-Inf, +-0, subnormals,
             # max finite): their groups go raw, the blocks still fit, so the fast decoder (which only
             # sees fitting blocks) and both encoders meet every special bit pattern
