@@ -237,13 +237,13 @@ def run_case(model, table, B, S, dev, args):
     model.set_attn_implementation("gaac")
     try:
         with flash():
-            warm = gaac_hf.GAACCache(model.config, calibration=table)
+            warm = gaac_hf.GAACCache(model.config, calibration=table, fused=args.fused)
             prefill(warm)
             del warm
             samples = []
             for _ in range(args.prefill_reps - 1):
-                samples.append(prefill(gaac_hf.GAACCache(model.config, calibration=table)))
-            cache = gaac_hf.GAACCache(model.config, calibration=table)
+                samples.append(prefill(gaac_hf.GAACCache(model.config, calibration=table, fused=args.fused)))
+            cache = gaac_hf.GAACCache(model.config, calibration=table, fused=args.fused)
             samples.append(prefill(cache))
             row["prefill_s_gaac"] = statistics.median(samples)
             row["prefill_s_gaac_samples"] = samples
@@ -275,8 +275,11 @@ def main(argv=None):
     p.add_argument("--budget-s", type=float, default=400)
     p.add_argument("--prefill-only", action="store_true", help="time the prefills only (no decode steps)")
     p.add_argument("--prefill-reps", type=int, default=3, help="prefills timed per cache kind (median reported)")
+    p.add_argument("--fused", default="true", choices=("true", "false", "auto"),
+                   help="GAACCache(fused=...) for the GAAC rows (e2e_h200_auto.json ran with auto)")
     p.add_argument("--tiny", action="store_true", help="2-layer model on the CPU: checks the script, measures nothing")
     args = p.parse_args(argv)
+    args.fused = {"true": True, "false": False, "auto": "auto"}[args.fused]
     if not torch.cuda.is_available() and not args.tiny:
         sys.exit("bench_e2e needs a CUDA GPU (or --tiny for a CPU smoke run)")
     import transformers

@@ -30,8 +30,8 @@ Paths inside :func:`gaac_attention_forward`:
   also the faster one for long contexts on the H200 (see ``FUSED_MAX_TOKENS``).
 * fused (CUDA, q_len == 1, kernel importable): :func:`_fused_decode`, the Triton decode kernel of
   ``gaac_hf.kernels.attention`` reading slots directly. Falls back to the reference path when the
-  kernel is missing or declines the call (returns None), and with ``GAACCache(fused="auto")`` (the
-  default) from ``FUSED_MAX_TOKENS`` cached tokens on.
+  kernel is missing or declines the call (returns None), and with ``GAACCache(fused="auto")``
+  from ``FUSED_MAX_TOKENS`` cached tokens on.
 
 Nothing is registered at import: :func:`register` / :func:`unregister` do it, idempotently.
 """

@@ -482,7 +482,7 @@ class GAACLayer(CacheLayerMixin):
     is_croppable = True
 
     def __init__(self, layer_idx: int, table: CalibrationTable, geometry: BlockGeometry, config,
-                 return_full_kv: bool | None = None, fused: bool | str = "auto", triton_codec: bool = True,
+                 return_full_kv: bool | None = None, fused: bool | str = True, triton_codec: bool = True,
                  counts_memo: _CountsMemo | None = None, deferred: _DeferredStore | None = None,
                  host_slab: _HostSlab | None = None, device_tables: _DeviceTables | None = None) -> None:
         super().__init__()
@@ -878,11 +878,13 @@ class GAACCache(Cache):
         block_size: override the table's block size (the windows do not depend on it).
         return_full_kv: None (default) = automatic from the config; True = always return full K/V
             (any attention function works); False = always return the tail carrier.
-        fused: decode steps (q_len == 1) on CUDA. ``"auto"`` (default): the fused Triton kernel
-            below ``gaac_hf.attention.FUSED_MAX_TOKENS`` cached tokens, decode-then-SDPA from there
-            on (faster on the H200 at long contexts); True: always the fused kernel; False: never
-            (decode + SDPA, bit-identical to sdpa; use it with attention masks that are not of the
-            left-padding form).
+        fused: decode steps (q_len == 1) on CUDA. True (default): the fused Triton kernel. ``"auto"``:
+            the fused kernel below ``gaac_hf.attention.FUSED_MAX_TOKENS`` cached tokens,
+            decode-then-SDPA from there on: less GPU time at long contexts on the H200 (64K: 16.8 vs
+            19.4 ms per step at B=1, 41.9 vs 63.2 ms at B=4), but SDPA's default (cuDNN) backend adds
+            ~1 ms of host time per call, so wall time per step was higher on the test VM
+            (``eval/results/e2e_h200_auto.json``). False: never (decode + SDPA, bit-identical to
+            sdpa; use it with attention masks that are not of the left-padding form).
         triton_codec: on CUDA, encode and decode blocks with the Triton kernels of
             ``gaac_hf.kernels`` (byte- and bit-identical to the reference codec; default). False
             keeps the reference PyTorch codec everywhere.
@@ -893,7 +895,7 @@ class GAACCache(Cache):
 
     def __init__(self, config, calibration=None, *, block_size: int | None = None,
                  return_full_kv: bool | None = None,
-                 fused: bool | str = "auto", triton_codec: bool = True) -> None:
+                 fused: bool | str = True, triton_codec: bool = True) -> None:
         if fused not in (True, False, "auto"):
             raise ValueError(f'fused must be True, False or "auto", got {fused!r}')
         table = _resolve_table(calibration)

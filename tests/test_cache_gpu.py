@@ -201,7 +201,7 @@ def test_auto_takes_decode_then_sdpa_past_the_threshold(model_table, monkeypatch
     with torch.no_grad():
         ref = model.generate(**inputs, past_key_values=DynamicCache(config=model.config), **kw)
         with attention(model, "gaac"):
-            cache = GAACCache(model.config, calibration=table)  # fused="auto" by default
+            cache = GAACCache(model.config, calibration=table, fused="auto")
             out = model.generate(**inputs, past_key_values=cache, **kw)
     assert cache.layers[0].fused == "auto" and cache.layers[0].pools[0].triton
     assert torch.equal(ref.sequences, out.sequences)
