@@ -20,6 +20,22 @@ from .encode import _bases, _check_geometry
 
 
 @triton.jit
+def _fast_block(dst, slot, stream, B8, B16, h, LO2_OFF: tl.constexpr, HI1_OFF: tl.constexpr,
+                TAG_OFF: tl.constexpr, T: tl.constexpr, D: tl.constexpr, TS: tl.constexpr):
+    """One fitting block (slot, its escape ``stream``, bases row ``h`` of ``B8``/``B16``) -> int16
+    ``[T, D]`` rows at ``dst``, in sub-tiles of TS rows with the attention kernel's pair decoder."""
+    a0, a1, a2, a3 = base_pair_words(B8, h, D)
+    c0, c1, c2, c3 = base_pair_words(B16, h, D)
+    esc = tl.full([], 0, tl.int32)
+    r = tl.arange(0, TS)[:, None]
+    c = tl.arange(0, D)[None, :]
+    for sub in tl.static_range(T // TS):
+        w0, w1, w2, w3, esc = decode_rows_pairs(slot, stream, sub * TS, esc, a0, a1, a2, a3, c0, c1, c2, c3,
+                                                LO2_OFF, HI1_OFF, TAG_OFF, TS, D)
+        tl.store(dst + (sub * TS + r) * D + c, pairs_to_tile(w0, w1, w2, w3, TS, D))
+
+
+@triton.jit
 def _decode_kernel(
     SLOTS,  # *uint8 [N, SLOT_BYTES]
     HEAP,  # *uint8 [M]: escape heap
@@ -41,15 +57,8 @@ def _decode_kernel(
     n = tl.program_id(0).to(tl.int64)
     esc0 = tl.load(ESC_START + n)
     if FAST:  # attention's pair decoder, whole block in sub-tiles of TS rows
-        a0, a1, a2, a3 = base_pair_words(B8 + n * base_stride, 0, D)
-        c0, c1, c2, c3 = base_pair_words(B16 + n * base_stride, 0, D)
-        esc = tl.full([], 0, tl.int32)
-        r = tl.arange(0, TS)[:, None]
-        c = tl.arange(0, D)[None, :]
-        for sub in tl.static_range(T // TS):
-            w0, w1, w2, w3, esc = decode_rows_pairs(SLOTS + n * SLOT_BYTES, HEAP + esc0, sub * TS, esc,
-                                                    a0, a1, a2, a3, c0, c1, c2, c3, LO2_OFF, HI1_OFF, TAG_OFF, TS, D)
-            tl.store(OUT + n * (T * D) + (sub * TS + r) * D + c, pairs_to_tile(w0, w1, w2, w3, TS, D))
+        _fast_block(OUT + n * (T * D), SLOTS + n * SLOT_BYTES, HEAP + esc0, B8 + n * base_stride,
+                    B16 + n * base_stride, 0, LO2_OFF, HI1_OFF, TAG_OFF, T, D, TS)
     else:
         grp, elem, chan, t, q, i, j = tile_index(T, D)
         b8 = tl.load(B8 + n * base_stride + chan).to(tl.int32)
@@ -161,14 +170,8 @@ def _table_decode_kernel(
     r = tl.arange(0, TS)[:, None]
     c = tl.arange(0, D)[None, :]
     if e >= 0:  # a slot: every slot a table references was written with fits == True
-        esc0 = tl.load(ESC_START + e)
-        a0, a1, a2, a3 = base_pair_words(B8, h, D)
-        c0, c1, c2, c3 = base_pair_words(B16, h, D)
-        esc = tl.full([], 0, tl.int32)
-        for sub in tl.static_range(T // TS):
-            w0, w1, w2, w3, esc = decode_rows_pairs(SLOTS + e * SLOT_BYTES, HEAP + esc0, sub * TS, esc,
-                                                    a0, a1, a2, a3, c0, c1, c2, c3, LO2_OFF, HI1_OFF, TAG_OFF, TS, D)
-            tl.store(dst + (sub * TS + r) * D + c, pairs_to_tile(w0, w1, w2, w3, TS, D))
+        _fast_block(dst, SLOTS + e * SLOT_BYTES, HEAP + tl.load(ESC_START + e), B8, B16, h,
+                    LO2_OFF, HI1_OFF, TAG_OFF, T, D, TS)
     else:  # a raw-fallback block: copied as it is
         src = RAW + (-1 - e) * (T * D)
         for sub in tl.static_range(T // TS):
