@@ -127,10 +127,21 @@ def _fused_kernel():
 
 
 #: With ``GAACCache(fused="auto")``, decode steps over at least this many cached tokens take the
-#: decode-then-SDPA path instead of the fused kernel. Measured on the H200 (Qwen3-8B shape, B=1,
+#: decode-then-SDPA path (SDPA without its cuDNN backend, see :func:`_no_cudnn`) instead of the fused kernel. Measured on the H200 (Qwen3-8B shape, B=1,
 #: ``eval/results/attention_h200_decompress.json``): fused 26.7 / 88.0 / 167.6 / 323.4 us vs
 #: decode-then-cuDNN 35.5 / 82.2 / 138.9 / 252.1 us at 4K / 16K / 32K / 64K; at B=4 64K 1,529 vs 929 us.
 FUSED_MAX_TOKENS = 16384
+
+def _no_cudnn():
+    """SDPA backends for the decode-then-SDPA steps of ``fused="auto"``: every backend but cuDNN. With a
+    KV length that grows by one each step, cuDNN's attention costs ~1.2 ms of host time per call on the
+    H200 test VM (DynamicCache + cuDNN: 69.6 ms wall per 36-layer step for 14.7 ms of GPU time, FA2
+    26.9 ms; ``eval/results/e2e_h200_auto.json``), more than its kernel saves over FA2 (76 vs 86 us at
+    64K). Those steps are then bit-identical to DynamicCache + sdpa under the same backend set."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
 
 # Attention kwargs the fused kernel does not implement: their presence means "reference path".
 _UNFUSED_KWARGS = ("softcap", "s_aux", "sinks", "position_bias", "sliding_window")
@@ -232,6 +243,9 @@ def gaac_attention_forward(
             if out is not None:
                 return out, None
         k, v = layer.full_kv()
+        if query.is_cuda and q_len == 1 and layer.fused == "auto" and kv_len >= FUSED_MAX_TOKENS:
+            with _no_cudnn():
+                return _sdpa()(module, query, k, v, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
         return _sdpa()(module, query, k, v, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     finally:
         layer._recent = None  # drop this step's uncompressed input: only the compressed form stays

@@ -881,9 +881,10 @@ class GAACCache(Cache):
         fused: decode steps (q_len == 1) on CUDA. True (default): the fused Triton kernel. ``"auto"``:
             the fused kernel below ``gaac_hf.attention.FUSED_MAX_TOKENS`` cached tokens,
             decode-then-SDPA from there on: less GPU time at long contexts on the H200 (64K: 16.8 vs
-            19.4 ms per step at B=1, 41.9 vs 63.2 ms at B=4), but SDPA's default (cuDNN) backend adds
-            ~1 ms of host time per call, so wall time per step was higher on the test VM
-            (``eval/results/e2e_h200_auto.json``). False: never (decode + SDPA, bit-identical to
+            19.4 ms per step at B=1, 41.9 vs 63.2 ms at B=4). Measured with SDPA's default (cuDNN)
+            backend, whose ~1 ms of host time per call made the wall time per step higher on the test
+            VM (``eval/results/e2e_h200_auto.json``); those steps now leave cuDNN out (not yet
+            measured on the GPU). False: never (decode + SDPA, bit-identical to
             sdpa; use it with attention masks that are not of the left-padding form).
         triton_codec: on CUDA, encode and decode blocks with the Triton kernels of
             ``gaac_hf.kernels`` (byte- and bit-identical to the reference codec; default). False

@@ -353,3 +353,16 @@ def test_fused_option_is_checked_and_auto_declines_long_contexts(monkeypatch):
     assert gattn._fused_decode(None, q, Layer(gattn.FUSED_MAX_TOKENS), None, 1.0) is None
     with pytest.raises(AssertionError, match="probed"):  # below the threshold it goes on to the kernel
         gattn._fused_decode(None, q, Layer(gattn.FUSED_MAX_TOKENS - 1), None, 1.0)
+
+
+def test_auto_long_steps_leave_cudnn_out():
+    """The decode-then-SDPA steps of fused="auto" run SDPA with every backend but cuDNN (its per-call
+    host cost, see gaac_hf.attention._no_cudnn); the setting is restored afterwards."""
+    import gaac_hf.attention as gattn
+
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    with gattn._no_cudnn():
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.math_sdp_enabled()
+        assert torch.backends.cuda.mem_efficient_sdp_enabled()
+    assert torch.backends.cuda.cudnn_sdp_enabled() == before
