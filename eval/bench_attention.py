@@ -163,28 +163,25 @@ class Case:
             same_path=same_path, tile_tokens=ts, maxnreg=maxnreg)
 
     def decompress(self, backend):
-        """The cache's unfused CUDA path (``GAACCache(fused=False)``): K and V decoded through their
-        block tables into BF16 (``decode_table_triton``, allocated per call as in ``GAACLayer.full``),
-        then SDPA on them."""
+        """The cache's unfused CUDA path (``GAACCache(fused=False)`` / ``"auto"``): K and V decoded
+        through their block tables into BF16 with their tails in one launch (``decode_tables_triton``,
+        allocated per call as in ``GAACLayer.full_kv``), then SDPA on them."""
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        from gaac_hf.kernels.decode import decode_table_triton
+        from gaac_hf.kernels.decode import decode_tables_triton
 
         be = {"fa2": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
         T = self.geom.block_size
         nb, tl = self.S // T, self.S % T
-
-        def full(p, bases):
-            x = torch.empty(self.B, self.hkv, self.S, self.d, dtype=torch.bfloat16, device=self.q.device)
-            decode_table_triton(p["slots"], p["heap"], p["esc_start"], p["raw"], p["table"], *bases, self.geom, nb, x)
-            if tl:
-                x[:, :, nb * T:].copy_(p["tail"][:, :, :tl])
-            return x
+        pools = [(p["slots"], p["heap"], p["esc_start"], p["raw"], p["table"], *bases)
+                 for p, bases in ((self.pk, self.kb), (self.pv, self.vb))]
+        tails = [self.pk["tail"][:, :, :tl], self.pv["tail"][:, :, :tl]]
 
         def f():
-            k, v = full(self.pk, self.kb), full(self.pv, self.vb)
+            kv = torch.empty(2, self.B, self.hkv, self.S, self.d, dtype=torch.bfloat16, device=self.q.device)
+            decode_tables_triton(pools, self.geom, nb, kv, tails)
             with sdpa_kernel(be):
-                return torch.nn.functional.scaled_dot_product_attention(self.q4, k, v, enable_gqa=True)
+                return torch.nn.functional.scaled_dot_product_attention(self.q4, kv[0], kv[1], enable_gqa=True)
 
         return f
 

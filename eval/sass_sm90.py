@@ -89,15 +89,25 @@ def main():
     args = p.parse_args()
     rows = []
     dsig = dict(SLOTS="*u8", HEAP="*u8", ESC_START="*i64", heap_len="i64", B8="*u8", B16="*u8", OUT="*i16", base_stride="i32")
+    pool = lambda i: {f"SLOTS{i}": "*u8", f"HEAP{i}": "*u8", f"ESC_START{i}": "*i64", f"RAW{i}": "*i16",  # noqa: E731
+                      f"TABLE{i}": "*i32", f"B8_{i}": "*u8", f"B16_{i}": "*u8", f"TAIL{i}": "*i16"}
+    tsig = dict(**pool(0), **pool(1), OUT="*i16", H="i32", MAXB="i32", S="i32", NB="i32", TAIL_LEN="i32",
+                tail_sb="i64", tail_sh="i64", tail_st="i64", kind_stride="i64")
     esig = dict(X="*i16", B8="*u8", B16="*u8", SLOTS="*u8", ESC="*u8", ESC_LEN="*i32", FITS="*i8", TAGS="*i32", base_stride="i32")
     for d in (64, 128, 256):
         g = BlockGeometry(64, d, "channel")
         geo = dict(SLOT_BYTES=g.slot_bytes, LO2_OFF=g.lo2_offset, HI1_OFF=g.hi1_offset, TAG_OFF=g.tag_offset, T=64, D=d)
-        w = max(4, 64 * d // 1024)  # decode_blocks_triton's num_warps
+        ts = 16 if d <= 64 else 8  # decode_blocks_triton's launch defaults
         for fast in (True, False):
-            info = inspect(compile90(Dm._decode_kernel, dsig, dict(geo, FAST=fast, TS=32 if fast else 64), w))
+            w = max(2, d // 64) if fast else max(4, 64 * d // 1024)
+            info = inspect(compile90(Dm._decode_kernel, dsig, dict(geo, FAST=fast, TS=ts if fast else 64), w))
             rows.append(dict(kernel="decode_fast" if fast else "decode", head_dim=d, num_warps=w, **info,
                              **per_value(info, w, 64 * d)))
+        # decode_tables_triton: the same fast block decode behind a table lookup, plus the raw-copy
+        # and tail branches (static counts include them: the per-value figures are upper bounds)
+        w = max(2, d // 64)
+        info = inspect(compile90(Dm._table_decode_kernel, tsig, dict(geo, TS=ts), w))
+        rows.append(dict(kernel="decode_tables", head_dim=d, num_warps=w, **info, **per_value(info, w, 64 * d)))
         lim = g.escape_limit
         cons = dict(geo, CAP=lim, CAP_P2=max(16, triton.next_power_of_2(lim)), LIMIT=lim, ZERO_FILL=False, TS=32, WRITE_TAGS=False)
         info = inspect(compile90(E._encode_groups_kernel, esig, cons, 4))

@@ -25,7 +25,7 @@ Paths inside :func:`gaac_attention_forward`:
   input rather than decoded right after being encoded: a prefill decodes nothing), and call
   transformers' own ``sdpa_attention_forward`` with the same mask and kwargs, so logits are
   bit-identical to ``DynamicCache`` + ``"sdpa"``.
-  On CUDA the blocks are decoded by ``decode_table_triton`` straight through the block tables
+  On CUDA the blocks are decoded by ``decode_tables_triton`` straight through the block tables
   (``GAACLayer.full``); the attention itself is then the stock SDPA (cuDNN/flash), so this path is
   also the faster one for long contexts on the H200 (see ``FUSED_MAX_TOKENS``).
 * fused (CUDA, q_len == 1, kernel importable): :func:`_fused_decode`, the Triton decode kernel of

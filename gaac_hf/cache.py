@@ -83,6 +83,12 @@ def _triton_codec(geometry: BlockGeometry, device) -> tuple | None:
     reference codec, or None (CPU, kernels not importable, or a geometry they do not implement)."""
     if torch.device(device).type != "cuda":
         return None
+    return _triton_kernels(geometry)
+
+
+def _triton_kernels(geometry: BlockGeometry) -> tuple | None:
+    """The Triton codec kernels for any device (the CPU runs them through Triton's interpreter, which
+    the tests use to run the cache's CUDA path), or None."""
     try:
         from gaac_hf.kernels.decode import decode_blocks_triton
         from gaac_hf.kernels.encode import _check_geometry, append_escapes_triton, encode_blocks_triton
@@ -98,10 +104,10 @@ def _triton_codec(geometry: BlockGeometry, device) -> tuple | None:
     return enc, decode_blocks_triton, append_escapes_triton
 
 
-def _decode_table():
-    from gaac_hf.kernels.decode import decode_table_triton  # only reached by pools with Triton kernels
+def _decode_tables():
+    from gaac_hf.kernels.decode import decode_tables_triton  # only reached by pools with Triton kernels
 
-    return decode_table_triton
+    return decode_tables_triton
 
 
 def _append_escapes_reference(enc, heap: torch.Tensor, used: torch.Tensor) -> torch.Tensor:
@@ -756,7 +762,8 @@ class GAACLayer(CacheLayerMixin):
     # -- reading ----------------------------------------------------------------------------------
     def full_kv(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Decompressed (keys, values), each bf16 ``[B, H, S, D]`` contiguous, bit-exact."""
-        return self.full(_K), self.full(_V)
+        k, v = self._full((_K, _V))
+        return k, v
 
     def full(self, kind: int) -> torch.Tensor:
         """Decompressed keys (kind 0) or values (1), bf16 ``[B, H, S, D]`` contiguous.
@@ -766,27 +773,33 @@ class GAACLayer(CacheLayerMixin):
         lossless) instead of being decoded right after being encoded; a prefill then decodes nothing.
         Every block from an earlier step is decoded from its slot; the tail is read in place.
         """
-        b, h = self.tails[kind].shape[:2]
+        return self._full((kind,))[0]
+
+    def _full(self, kinds: tuple[int, ...]) -> list[torch.Tensor]:
+        b, h = self.tails[_K].shape[:2]
         t, d = self.geometry.block_size, self.geometry.head_dim
         if self._recent is not None:  # blocks before nb were stored before this step's append
-            nb, tail = self._recent[0], self._recent[1][kind]
+            nb, tails = self._recent[0], [self._recent[1][kind] for kind in kinds]
         else:
             self._deferred.flush()
-            nb, tail = self.num_blocks, self.tails[kind][:, :, : self.tail_len]
+            nb, tails = self.num_blocks, [self.tails[kind][:, :, : self.tail_len] for kind in kinds]
         if nb == 0:
-            return tail.contiguous()
-        pool = self._pools[kind]
-        if pool.triton:
-            # straight through the block table into the result: no gathered copy of the slots, no
-            # select against the raw pool, no concatenation (bit-identical to the gather below)
-            out = torch.empty(b, h, nb * t + tail.shape[2], d, dtype=torch.bfloat16, device=tail.device)
-            _decode_table()(pool.slots, pool.heap, pool.esc_start, pool.raw, self._tables[kind].contiguous(), pool.base8,
-                            pool.base16, self.geometry, nb, out)
-            out[:, :, nb * t:].copy_(tail)
-            return out
+            return [x.contiguous() for x in tails]
+        pools = [self._pools[kind] for kind in kinds]
+        if all(p.triton for p in pools):
+            # K and V straight through their block tables into the result, tails included, in one
+            # launch: no gathered copy of the slots, no select against the raw pool, no concatenation
+            # (bit-identical to the gather below)
+            out = torch.empty(len(kinds), b, h, nb * t + tails[0].shape[2], d, dtype=torch.bfloat16, device=tails[0].device)
+            _decode_tables()([(p.slots, p.heap, p.esc_start, p.raw, self._tables[kind].contiguous(), p.base8, p.base16)
+                              for p, kind in zip(pools, kinds)], self.geometry, nb, out, tails)
+            return list(out.unbind(0))
+        res = []
         heads = self._heads.view(1, h, 1).expand(b, h, nb).reshape(-1)
-        blocks = pool.gather(self._tables[kind][:, :, :nb].reshape(-1), heads)
-        return torch.cat([blocks.view(b, h, nb * t, d), tail], dim=2)
+        for p, kind, tail in zip(pools, kinds, tails):
+            blocks = p.gather(self._tables[kind][:, :, :nb].reshape(-1), heads)
+            res.append(torch.cat([blocks.view(b, h, nb * t, d), tail], dim=2))
+        return res
 
     def kernel_view(self) -> dict:
         """Keyword arguments of ``gaac_hf.kernels.attention.gaac_decode_attention`` for this layer.

@@ -143,17 +143,13 @@ def decode_blocks_triton(
 
 @triton.jit
 def _table_decode_kernel(
-    SLOTS,  # *uint8 [num_slots, SLOT_BYTES]
-    HEAP,  # *uint8 [M]: escape heap
-    ESC_START,  # *int64 [num_slots]
-    RAW,  # *int16 [num_raw, T, D]: raw-fallback rows
-    TABLE,  # *int32 [B, H, MAXB]: e >= 0 slot, e < 0 raw row -1-e
-    B8,  # *uint8 [H, D]
-    B16,
-    OUT,  # *int16 [B, H, S, D]: block j of (b, h) -> rows [j*T, (j+1)*T)
-    H,
-    MAXB,
-    S,
+    SLOTS0, HEAP0, ESC_START0, RAW0, TABLE0, B8_0, B16_0, TAIL0,  # kind 0 (K): as below
+    SLOTS1, HEAP1, ESC_START1, RAW1, TABLE1, B8_1, B16_1, TAIL1,  # kind 1 (V)
+    # SLOTS *uint8 [num_slots, SLOT_BYTES]; HEAP *uint8 [M]; ESC_START *int64 [num_slots];
+    # RAW *int16 [num_raw, T, D]; TABLE *int32 [B, H, MAXB] (e >= 0 slot, e < 0 raw row -1-e);
+    # B8/B16 *uint8 [H, D]; TAIL *int16 rows after the blocks (strides tail_sb, tail_sh, tail_st)
+    OUT,  # *int16 [NKIND, B, H, S, D]
+    H, MAXB, S, NB, TAIL_LEN, tail_sb, tail_sh, tail_st, kind_stride,
     SLOT_BYTES: tl.constexpr,
     LO2_OFF: tl.constexpr,
     HI1_OFF: tl.constexpr,
@@ -164,51 +160,78 @@ def _table_decode_kernel(
 ):
     bh = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1).to(tl.int64)
+    kind = tl.program_id(2)
     h = bh % H
-    e = tl.load(TABLE + bh * MAXB + j).to(tl.int64)
-    dst = OUT + (bh * S + j * T) * D
     r = tl.arange(0, TS)[:, None]
     c = tl.arange(0, D)[None, :]
-    if e >= 0:  # a slot: every slot a table references was written with fits == True
-        _fast_block(dst, SLOTS + e * SLOT_BYTES, HEAP + tl.load(ESC_START + e), B8, B16, h,
-                    LO2_OFF, HI1_OFF, TAG_OFF, T, D, TS)
-    else:  # a raw-fallback block: copied as it is
-        src = RAW + (-1 - e) * (T * D)
-        for sub in tl.static_range(T // TS):
-            tl.store(dst + (sub * TS + r) * D + c, tl.load(src + (sub * TS + r) * D + c))
+    row0 = OUT + kind * kind_stride + bh * S * D  # row 0 of this (kind, b, h)
+    if j < NB:
+        table = tl.where(kind == 0, TABLE0, TABLE1)
+        e = tl.load(table + bh * MAXB + j).to(tl.int64)
+        dst = row0 + j * (T * D)
+        if e >= 0:  # a slot: every slot a table references was written with fits == True
+            slots = tl.where(kind == 0, SLOTS0, SLOTS1)
+            heap = tl.where(kind == 0, HEAP0, HEAP1)
+            esc_start = tl.where(kind == 0, ESC_START0, ESC_START1)
+            _fast_block(dst, slots + e * SLOT_BYTES, heap + tl.load(esc_start + e), tl.where(kind == 0, B8_0, B8_1),
+                        tl.where(kind == 0, B16_0, B16_1), h, LO2_OFF, HI1_OFF, TAG_OFF, T, D, TS)
+        else:  # a raw-fallback block: copied as it is
+            src = tl.where(kind == 0, RAW0, RAW1) + (-1 - e) * (T * D)
+            for sub in tl.static_range(T // TS):
+                tl.store(dst + (sub * TS + r) * D + c, tl.load(src + (sub * TS + r) * D + c))
+    else:  # the last program of (kind, b, h): the rows after the blocks
+        b = bh // H
+        src = tl.where(kind == 0, TAIL0, TAIL1) + b * tail_sb + h * tail_sh
+        dst = row0 + NB * (T * D)
+        for r0 in range(0, TAIL_LEN, TS):
+            m = r0 + r < TAIL_LEN
+            tl.store(dst + (r0 + r) * D + c, tl.load(src + (r0 + r) * tail_st + c, mask=m), mask=m)
 
 
-def decode_table_triton(
-    slots: torch.Tensor,
-    heap: torch.Tensor,
-    esc_start: torch.Tensor,
-    raw: torch.Tensor,
-    table: torch.Tensor,
-    base8: torch.Tensor,
-    base16: torch.Tensor,
+def _check_pool(name, geometry: BlockGeometry, slots, heap, esc_start, raw, table, base8, base16):
+    g = geometry
+    t, d = g.block_size, g.head_dim
+    if table.dtype != torch.int32 or table.dim() != 3 or not table.is_contiguous():
+        raise ValueError(f"{name} table must be contiguous int32 [B, H, max_blocks], got {table.dtype} {tuple(table.shape)}")
+    if slots.dtype != torch.uint8 or slots.shape[1:] != (g.slot_bytes,) or heap.dtype != torch.uint8 or heap.numel() == 0:
+        raise ValueError(f"{name} slots must be uint8 [N, {g.slot_bytes}] and its heap a non-empty uint8 [M]")
+    if esc_start.dtype != torch.int64 or esc_start.dim() != 1:
+        raise ValueError(f"{name} esc_start must be int64 [num_slots]")
+    if raw.dtype != torch.bfloat16 or raw.shape[1:] != (t, d) or raw.shape[0] == 0:
+        raise ValueError(f"{name} raw must be bf16 [>= 1, {t}, {d}]")
+    h = table.shape[1]
+    for bn, bb in (("base8", base8), ("base16", base16)):
+        if bb.dtype != torch.uint8 or bb.shape != (h, d):
+            raise ValueError(f"{name} {bn} must be uint8 [{h}, {d}], got {bb.dtype} {tuple(bb.shape)}")
+
+
+def decode_tables_triton(
+    pools: list[tuple],
     geometry: BlockGeometry,
     num_blocks: int,
     out: torch.Tensor,
+    tails: list[torch.Tensor] | None = None,
     *,
     tile_tokens: int | None = None,
     num_warps: int | None = None,
 ) -> torch.Tensor:
-    """Decode the first ``num_blocks`` blocks of every (row, kv-head) of a block table into BF16, in
-    place in ``out`` (the cache's decompressed K or V; the caller writes the tail positions).
+    """Decode the first ``num_blocks`` blocks of every (row, kv-head) of one or two paged caches (a
+    layer's K and V) through their block tables into BF16, and append their tails: one launch.
 
-    One program per (row, head, block): a slot entry is decoded with the fast decoder (slots that a
-    table references were all written with fits == True), a raw entry is copied. Bit-identical to
-    the reference ``GAACLayer`` gather (``codec.decode_blocks`` + raw rows); no host sync.
+    One program per (kind, row, head, block): a slot entry is decoded with the fast decoder (slots
+    that a table references were all written with fits == True), a raw entry is copied; one more
+    program per (kind, row, head) copies the tail rows. Bit-identical to the reference ``GAACLayer``
+    gather (``codec.decode_blocks`` + raw rows + the tail); no host sync.
 
     Args:
-        slots: uint8 ``[num_slots, slot_bytes]``; heap: uint8 ``[M]``; esc_start: int64 ``[num_slots]``.
-        raw: bf16 ``[num_raw, T, D]`` raw-fallback rows.
-        table: int32 ``[B, H, max_blocks]`` (``max_blocks >= num_blocks``); ``e >= 0`` slot,
-            ``e < 0`` raw row ``-1-e``.
-        base8, base16: uint8 ``[H, D]``.
-        num_blocks: blocks to decode per (row, head).
-        out: contiguous bf16 ``[B, H, S, D]`` with ``S >= num_blocks * T``; rows ``[0, num_blocks*T)``
-            are written.
+        pools: one or two tuples ``(slots, heap, esc_start, raw, table, base8, base16)``: slots uint8
+            ``[num_slots, slot_bytes]``, heap uint8 ``[M]``, esc_start int64 ``[num_slots]``, raw bf16
+            ``[num_raw, T, D]``, table int32 ``[B, H, max_blocks]`` (``max_blocks >= num_blocks``;
+            ``e >= 0`` slot, ``e < 0`` raw row ``-1-e``), base8/base16 uint8 ``[H, D]``.
+        num_blocks: blocks per (row, head).
+        out: contiguous bf16 ``[len(pools), B, H, S, D]``, ``S = num_blocks * T + tail rows``.
+        tails: None (then ``S`` must be ``num_blocks * T``) or one bf16 ``[B, H, S - num_blocks*T, D]``
+            per pool (any strides with a unit last one), written after the blocks.
         tile_tokens, num_warps: launch options of the fast decoder (see :func:`decode_blocks_triton`).
     Returns:
         ``out``.
@@ -216,25 +239,47 @@ def decode_table_triton(
     _check_geometry(geometry)
     g = geometry
     t, d = g.block_size, g.head_dim
-    if table.dtype != torch.int32 or table.dim() != 3 or not table.is_contiguous():
-        raise ValueError(f"table must be contiguous int32 [B, H, max_blocks], got {table.dtype} {tuple(table.shape)}")
-    b, h, maxb = table.shape
+    if len(pools) not in (1, 2):
+        raise ValueError(f"one or two pools (K, V), got {len(pools)}")
+    names = ("K", "V")
+    for name, p in zip(names, pools):
+        if len(p) != 7:
+            raise ValueError(f"{name}: a pool is (slots, heap, esc_start, raw, table, base8, base16)")
+        _check_pool(name, g, *p)
+    b, h, maxb = pools[0][4].shape
+    if len(pools) == 2 and pools[1][4].shape != (b, h, maxb):
+        raise ValueError("K and V tables differ in shape")
     if not 0 <= num_blocks <= maxb:
         raise ValueError(f"num_blocks {num_blocks} outside the table's [0, {maxb}]")
-    if out.dtype != torch.bfloat16 or out.dim() != 4 or tuple(out.shape[:2]) != (b, h) or out.shape[3] != d \
-            or out.shape[2] < num_blocks * t or not out.is_contiguous():
-        raise ValueError(f"out must be contiguous bf16 [{b}, {h}, >= {num_blocks * t}, {d}], got {out.dtype} {tuple(out.shape)}")
-    if slots.dtype != torch.uint8 or slots.shape[1:] != (g.slot_bytes,) or heap.dtype != torch.uint8 or heap.numel() == 0:
-        raise ValueError("slots must be uint8 [N, slot_bytes] and heap a non-empty uint8 [M]")
-    if raw.dtype != torch.bfloat16 or raw.shape[1:] != (t, d) or raw.shape[0] == 0:
-        raise ValueError(f"raw must be bf16 [>= 1, {t}, {d}]")
-    for name, bb in (("base8", base8), ("base16", base16)):
-        if bb.dtype != torch.uint8 or bb.shape != (h, d):
-            raise ValueError(f"{name} must be uint8 [{h}, {d}], got {bb.dtype} {tuple(bb.shape)}")
-    if b * h * num_blocks:
-        _table_decode_kernel[(b * h, num_blocks)](
-            slots.contiguous(), heap, esc_start.contiguous(), raw.contiguous().view(torch.int16), table,
-            base8.contiguous(), base16.contiguous(), out.view(torch.int16), h, maxb, out.shape[2],
+    n = len(pools)
+    if out.dtype != torch.bfloat16 or out.dim() != 5 or tuple(out.shape[:3]) != (n, b, h) or out.shape[4] != d \
+            or out.shape[3] < num_blocks * t or not out.is_contiguous():
+        raise ValueError(f"out must be contiguous bf16 [{n}, {b}, {h}, >= {num_blocks * t}, {d}], got {out.dtype} {tuple(out.shape)}")
+    s = out.shape[3]
+    tl_len = s - num_blocks * t
+    if tails is None:
+        if tl_len:
+            raise ValueError(f"out has {tl_len} rows past the blocks but no tails were given")
+        tails = [pools[0][3]] * n  # any valid pointer: no tail program runs
+    else:
+        if len(tails) != n:
+            raise ValueError(f"{n} pools but {len(tails)} tails")
+        for name, x in zip(names, tails):
+            if x.dtype != torch.bfloat16 or tuple(x.shape) != (b, h, tl_len, d) or (tl_len and x.stride(3) != 1):
+                raise ValueError(f"{name} tail must be bf16 [{b}, {h}, {tl_len}, {d}] with unit channel stride, "
+                                 f"got {x.dtype} {tuple(x.shape)}")
+        if n == 2 and tails[0].stride() != tails[1].stride():
+            tails = [x.contiguous() for x in tails]
+    strides = tails[0].stride()[:3] if tl_len else (0, 0, 0)
+    grid = (b * h, num_blocks + (1 if tl_len else 0), n)
+    if grid[0] * grid[1]:
+        k, v = pools[0], pools[-1]
+        kt, vt = tails[0], tails[-1]
+        i16 = torch.int16
+        _table_decode_kernel[grid](
+            k[0], k[1], k[2], k[3].view(i16), k[4], k[5].contiguous(), k[6].contiguous(), kt.view(i16),
+            v[0], v[1], v[2], v[3].view(i16), v[4], v[5].contiguous(), v[6].contiguous(), vt.view(i16),
+            out.view(i16), h, maxb, s, num_blocks, tl_len, *strides, b * h * s * d,
             SLOT_BYTES=g.slot_bytes, LO2_OFF=g.lo2_offset, HI1_OFF=g.hi1_offset, TAG_OFF=g.tag_offset,
             T=t, D=d, TS=min(tile_tokens or (16 if d <= 64 else 8), t), num_warps=num_warps or max(2, d // 64),
         )

@@ -380,9 +380,20 @@ def _with_specials(x: torch.Tensor, gen: torch.Generator, share: float) -> torch
     return bits.view(torch.bfloat16)
 
 
-def test_special_values_survive_the_cache_bit_for_bit(model_tok, table):
+@pytest.fixture(params=["reference", "triton"])
+def codec_path(request, monkeypatch):
+    """The cache's CPU path (reference codec), and its CUDA path (Triton encoder, escape append and
+    block-table decoder) run on the CPU through Triton's interpreter."""
+    if request.param == "triton":
+        import gaac_hf.cache as cache_mod
+
+        monkeypatch.setattr(cache_mod, "_triton_codec", lambda geometry, device: cache_mod._triton_kernels(geometry))
+    return request.param
+
+
+def test_special_values_survive_the_cache_bit_for_bit(model_tok, table, codec_path):
     """Prefill + token-by-token decode with NaN/Inf/-0/subnormal K/V: blocks (compressed and raw
-    fallback) and tail return exactly the bits DynamicCache holds."""
+    fallback) and tail return exactly the bits DynamicCache holds (both codec paths)."""
     model, _ = model_tok
     g = torch.Generator().manual_seed(7)
     cache = GAACCache(model.config, calibration=table, return_full_kv=True)
@@ -398,6 +409,7 @@ def test_special_values_survive_the_cache_bit_for_bit(model_tok, table):
         _assert_layer0_equal(cache, dyn)
     layer = cache.layers[0]
     assert layer.num_blocks > 0
+    assert layer.pools[0].triton == (codec_path == "triton")
     t = layer.geometry.block_size
     for kind in (0, 1):
         blocks = layer.full(kind)[:, :, : layer.num_blocks * t].unflatten(2, (layer.num_blocks, t)).float()

@@ -186,7 +186,7 @@ def test_decode_finalize_without_host_sync(model_table):
 
 def test_auto_takes_decode_then_sdpa_past_the_threshold(model_table, monkeypatch):
     """fused="auto": from FUSED_MAX_TOKENS cached tokens on, decode steps decode K/V through the block
-    tables (decode_table_triton) and run the stock SDPA: no fused launch, and generate() is
+    tables (decode_tables_triton) and run the stock SDPA: no fused launch, and generate() is
     bit-identical to DynamicCache + sdpa (tokens and every step's logits)."""
     model, table = model_table
     monkeypatch.setattr(gattn, "FUSED_MAX_TOKENS", 64)

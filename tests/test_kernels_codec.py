@@ -9,7 +9,7 @@ import torch
 from gaac_hf.codec import decode_blocks, encode_blocks, pack_escapes
 from gaac_hf.format import BlockGeometry
 from gaac_hf.kernels.attention import pack_paged_kv
-from gaac_hf.kernels.decode import decode_blocks_triton, decode_table_triton
+from gaac_hf.kernels.decode import decode_blocks_triton, decode_tables_triton
 from gaac_hf.kernels.encode import append_escapes_triton, encode_blocks_triton
 from gaac_hf.kernels.synth import calibrate, synthetic_kv
 
@@ -158,27 +158,37 @@ def test_codec_gpu_real_size(d):
 
 @pytest.mark.parametrize("geom", GEOMS[:3], ids=lambda g: f"T{g.block_size}-D{g.head_dim}")
 def test_table_decode_gives_back_the_cache_bits(geom):
-    """decode_table_triton over a paged cache (slots through a heap, raw fallbacks, a table with spare
-    columns) writes exactly the dense KV the cache was built from, and nothing past num_blocks."""
+    """decode_tables_triton over a layer's K and V paged caches (slots through a heap, raw fallbacks,
+    tables with spare columns, strided tails) writes exactly the dense K and V they were built from."""
     t, d = geom.block_size, geom.head_dim
-    B, H, nb = 2, 2, 5
-    x, _, _ = _adversarial(B * H * nb, t, d, seed=d + 7)  # specials, random-bit blocks, 4-bit groups
-    x = x.reshape(B, H, nb * t, d)
-    b8, b16 = calibrate(x)
-    force = torch.arange(B * H * nb) % 4 == 3  # plus forced raw entries
-    lens = [nb * t + 3] * B  # complete blocks + a tail the kernel must not touch
-    xs = torch.cat([x, x[:, :, :3]], dim=2).contiguous()
-    pk = pack_paged_kv(xs, lens, b8, b16, geom, force_raw=force)
-    assert (pk["table"] < 0).any() and (pk["table"] >= 0).any()
-    table = torch.cat([pk["table"], torch.full((B, H, 2), 10**6, dtype=torch.int32)], dim=2).contiguous()
-    out = torch.full((B, H, nb * t + 3, d), float("nan"), dtype=torch.bfloat16)  # poison
-    decode_table_triton(pk["slots"], pk["heap"], pk["esc_start"], pk["raw"], table, b8, b16, geom, nb, out)
-    assert torch.equal(_bits(out[:, :, : nb * t]), _bits(x))
-    assert out[:, :, nb * t:].isnan().all()  # the tail positions belong to the caller
+    B, H, nb, tl_len = 2, 2, 5, 3
+    kv, pools, tails = [], [], []
+    for kind in range(2):
+        x, _, _ = _adversarial(B * H * nb, t, d, seed=d + 7 + kind)  # specials, random-bit blocks, 4-bit groups
+        x = torch.cat([x.reshape(B, H, nb * t, d), x.reshape(B, H, nb * t, d)[:, :, :tl_len]], dim=2).contiguous()
+        b8, b16 = calibrate(x)
+        force = torch.arange(B * H * nb) % 4 == 3 - kind  # plus forced raw entries
+        p = pack_paged_kv(x, [nb * t + tl_len] * B, b8, b16, geom, force_raw=force)
+        assert (p["table"] < 0).any() and (p["table"] >= 0).any()
+        table = torch.cat([p["table"], torch.full((B, H, 2), 10**6, dtype=torch.int32)], dim=2).contiguous()
+        kv.append(x)
+        pools.append((p["slots"], p["heap"], p["esc_start"], p["raw"], table, b8, b16))
+        tails.append(p["tail"][:, :, :tl_len])  # a strided view of the [B, H, T, D] tail buffer
+    out = torch.full((2, B, H, nb * t + tl_len, d), float("nan"), dtype=torch.bfloat16)  # poison
+    decode_tables_triton(pools, geom, nb, out, tails)
+    assert torch.equal(_bits(out), _bits(torch.stack(kv)))
+    one = torch.full((1, B, H, nb * t, d), float("nan"), dtype=torch.bfloat16)  # one pool, no tail
+    decode_tables_triton(pools[1:], geom, nb, one)
+    assert torch.equal(_bits(one[0]), _bits(kv[1][:, :, : nb * t]))
+    only_tail = torch.full((2, B, H, tl_len, d), float("nan"), dtype=torch.bfloat16)  # no block yet
+    decode_tables_triton(pools, geom, 0, only_tail, tails)
+    assert torch.equal(_bits(only_tail), _bits(torch.stack(kv)[:, :, :, nb * t:]))
     with pytest.raises(ValueError, match="num_blocks"):
-        decode_table_triton(pk["slots"], pk["heap"], pk["esc_start"], pk["raw"], table, b8, b16, geom, nb + 3, out)
+        decode_tables_triton(pools, geom, nb + 3, out, tails)
+    with pytest.raises(ValueError, match="no tails"):
+        decode_tables_triton(pools, geom, nb, out)
     with pytest.raises(ValueError, match="out must be"):
-        decode_table_triton(pk["slots"], pk["heap"], pk["esc_start"], pk["raw"], table, b8, b16, geom, nb, out[:, :1])
+        decode_tables_triton(pools, geom, nb, out[:1], tails)
 
 
 @pytest.mark.slow
@@ -221,9 +231,10 @@ def test_triton_codec_on_real_smollm2_kv_through_a_heap(smollm2, wikitext_test):
             # decompress-then-SDPA path on CUDA)
             hb8, hb16 = table.bases(layer, kind)
             pk = pack_paged_kv(x[None].contiguous(), [s], hb8, hb16, geom)
-            out = torch.full((1, h, nb * geom.block_size, d), float("nan"), dtype=torch.bfloat16)
-            decode_table_triton(pk["slots"], pk["heap"], pk["esc_start"], pk["raw"], pk["table"], hb8, hb16, geom, nb, out)
-            assert torch.equal(_bits(out[0]), _bits(blocks.view(h, nb * geom.block_size, d))), (layer, kind, "table")
+            out = torch.full((1, 1, h, nb * geom.block_size, d), float("nan"), dtype=torch.bfloat16)
+            pool = (pk["slots"], pk["heap"], pk["esc_start"], pk["raw"], pk["table"], hb8, hb16)
+            decode_tables_triton([pool], geom, nb, out)
+            assert torch.equal(_bits(out[0, 0]), _bits(blocks.view(h, nb * geom.block_size, d))), (layer, kind, "table")
             # the same real blocks with sparse special values (NaN payloads, +-Inf, +-0, subnormals,
             # max finite): their groups go raw, the blocks still fit, so the fast decoder (which only
             # sees fitting blocks) and both encoders meet every special bit pattern
