@@ -1,0 +1,24 @@
+#!/bin/bash
+# Planned at the end of session 4 (device tool, repo root): bash eval/run_h200_s5.sh 1|2
+# Everything below was built after session 4's device time was spent (predictions in eval/NOTES.md):
+#   1. GPU tests (decode_tables_triton: K, V and tails in one launch; the pair-word store; "auto"
+#      without cuDNN), codec (fast decoder ~1,800 GB/s at d=128 predicted), attention with the
+#      decompress column (decode-then-cuDNN at 64K B=1 ~237 us predicted).
+#   2. end to end at 64K with fused="auto" (wall per step ~40 ms at B=1 and ~42 ms at B=4 predicted,
+#      against 43.7 / 67.2 fused) and fused=True in the same process.
+set -o pipefail
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "pip -e failed"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee $OUT/gpu.txt
+if [ "${1:-1}" = 1 ]; then
+timeout 150 python3 -m pytest -q -x -m gpu tests/ 2>&1 | tail -3 | tee $OUT/pytest_gpu.txt
+timeout 100 python3 eval/bench_codec.py --quick --heads 32 --out $OUT/codec_h200_words.json 2>&1 | tail -3 | tee $OUT/codec.log
+timeout 300 python3 eval/bench_attention.py --out $OUT/attention_h200_decompress2.json --budget-s 200 --max-cases 6 \
+  --timer graph --decompress --shapes qwen3-8b 2>&1 | grep -v "^  sweep" | tail -14 | tee $OUT/attention.log
+fi
+if [ "${1:-1}" = 2 ]; then
+for f in auto true; do
+timeout 280 python3 eval/bench_e2e.py --contexts 65536 --batches 1 4 --prefill-reps 1 --steps 10 --prof-steps 2 \
+  --budget-s 250 --fused $f --out $OUT/e2e_h200_64k_$f.json 2>&1 | grep -v Warn | tail -3 | tee -a $OUT/e2e.log
+done
+fi
