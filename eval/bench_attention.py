@@ -260,7 +260,7 @@ def main():
                     help="us = do_bench events (host launch included when it is the bottleneck) or CUDA-graph "
                          "replay (GPU time only); 'both' adds us_graph to every row")
     ap.add_argument("--decompress", action="store_true",
-                    help="also time the unfused path: decode K/V through the tables, then SDPA cuDNN")
+                    help="also time the unfused path: decode K/V through the tables, then SDPA cuDNN / FA2")
     ap.add_argument("--shapes", default="", help="comma-separated shape filter, e.g. qwen3-8b")
     args = ap.parse_args()
     global TIMER
@@ -332,6 +332,7 @@ def main():
                 o_c = torch.nn.functional.scaled_dot_product_attention(case.q4, case.k, case.v, enable_gqa=True)
             decomp_bits = bits_equal(o_d, o_c)  # same input bits, same cuDNN kernel: the same output bits
             us["gaac_decompress_cudnn"] = timeit(f_d, False)
+            us["gaac_decompress_fa2"] = timeit(case.decompress("fa2"), False)  # fused="auto" leaves cuDNN out
         us_graph = None
         if args.timer == "both" and not args.smoke:
             def graph_or_none(f, name):
@@ -346,6 +347,7 @@ def main():
             us_graph["cudnn"], _ = run_sdpa(case, "cudnn", False, "graph")
             if args.decompress:
                 us_graph["gaac_decompress_cudnn"] = graph_or_none(case.decompress("cudnn"), "decompress")
+                us_graph["gaac_decompress_fa2"] = graph_or_none(case.decompress("fa2"), "decompress fa2")
         ref = o_fa if o_fa is not None else A.attention_reference(case.q, case.k, case.v, [S] * B).to(dev)
         rel = float(((o_g.double() - ref.double()).norm() / ref.double().norm()).item())
         gb, bfb = case.nbytes()
@@ -369,7 +371,8 @@ def main():
               f"ratio {row['ratio']:.3f}  bits={row['bit_identical_vs_bf16_ours']}/{row['bit_identical_vs_bf16_ours_same_config']}/{row['bit_identical_vs_same_path']} "
               f"rel={rel:.1e}", flush=True)
         if decomp_bits is not None:
-            print(f"    decompress+cudnn {us['gaac_decompress_cudnn']:8.1f} us  bits==cudnn {decomp_bits}", flush=True)
+            print(f"    decompress+cudnn {us['gaac_decompress_cudnn']:8.1f} us  bits==cudnn {decomp_bits}  "
+                  f"decompress+fa2 {us['gaac_decompress_fa2']:8.1f} us", flush=True)
         if us_graph:
             print("    graph: " + "  ".join(f"{k} {v:8.1f}" if v else f"{k} -" for k, v in us_graph.items())
                   + f"  x/cudnn {us_graph['cudnn'] / us_graph['gaac'] if us_graph.get('cudnn') and us_graph.get('gaac') else float('nan'):.2f}", flush=True)
