@@ -187,13 +187,14 @@ def _table_decode_kernel(
             src = tl.where(kind == 0, RAW0, RAW1) + (-1 - e) * (T * D)
             for sub in tl.static_range(T // TS):
                 tl.store(dst + (sub * TS + r) * D + c, tl.load(src + (sub * TS + r) * D + c))
-    else:  # the last program of (kind, b, h): the rows after the blocks
+    else:  # programs past the blocks: T rows each of the tail (a prefill chunk's can be long)
         b = bh // H
         src = tl.where(kind == 0, TAIL0, TAIL1) + b * tail_sb + h * tail_sh
         dst = row0 + NB * (T * D)
-        for r0 in range(0, TAIL_LEN, TS):
-            m = r0 + r < TAIL_LEN
-            tl.store(dst + (r0 + r) * D + c, tl.load(src + (r0 + r) * tail_st + c, mask=m), mask=m)
+        for sub in tl.static_range(T // TS):
+            rows = (j - NB) * T + sub * TS + r
+            m = rows < TAIL_LEN
+            tl.store(dst + rows * D + c, tl.load(src + rows * tail_st + c, mask=m), mask=m)
 
 
 def _check_pool(name, geometry: BlockGeometry, slots, heap, esc_start, raw, table, base8, base16):
@@ -227,8 +228,8 @@ def decode_tables_triton(
     layer's K and V) through their block tables into BF16, and append their tails: one launch.
 
     One program per (kind, row, head, block): a slot entry is decoded with the fast decoder (slots
-    that a table references were all written with fits == True), a raw entry is copied; one more
-    program per (kind, row, head) copies the tail rows. Bit-identical to the reference ``GAACLayer``
+    that a table references were all written with fits == True), a raw entry is copied; the tail
+    rows are copied by one more program per T of them. Bit-identical to the reference ``GAACLayer``
     gather (``codec.decode_blocks`` + raw rows + the tail); no host sync.
 
     Args:
@@ -279,7 +280,7 @@ def decode_tables_triton(
         if n == 2 and tails[0].stride() != tails[1].stride():
             tails = [x.contiguous() for x in tails]
     strides = tails[0].stride()[:3] if tl_len else (0, 0, 0)
-    grid = (b * h, num_blocks + (1 if tl_len else 0), n)
+    grid = (b * h, num_blocks + triton.cdiv(tl_len, t), n)
     if grid[0] * grid[1]:
         k, v = pools[0], pools[-1]
         kt, vt = tails[0], tails[-1]

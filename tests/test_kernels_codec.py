@@ -183,6 +183,12 @@ def test_table_decode_gives_back_the_cache_bits(geom):
     only_tail = torch.full((2, B, H, tl_len, d), float("nan"), dtype=torch.bfloat16)  # no block yet
     decode_tables_triton(pools, geom, 0, only_tail, tails)
     assert torch.equal(_bits(only_tail), _bits(torch.stack(kv)[:, :, :, nb * t:]))
+    # a long "tail" (a prefill chunk's new tokens, several programs' worth, not a multiple of T)
+    long = [x.transpose(2, 1).contiguous().transpose(2, 1)[:, :, 1: 2 * t + 6] for x in kv]  # strided rows
+    out2 = torch.full((2, B, H, 2 * t + 2 * t + 5, d), float("nan"), dtype=torch.bfloat16)
+    decode_tables_triton(pools, geom, 2, out2, long)
+    want = torch.stack([torch.cat([x[:, :, : 2 * t], y], dim=2) for x, y in zip(kv, long)])
+    assert torch.equal(_bits(out2), _bits(want))
     with pytest.raises(ValueError, match="num_blocks"):
         decode_tables_triton(pools, geom, nb + 3, out, tails)
     with pytest.raises(ValueError, match="no tails"):
