@@ -1,0 +1,190 @@
+"""Experiment: a fast decoder that reads per-row escape offsets instead of scanning for them.
+
+    python eval/experiments/decode_rowoff.py            # CPU interpreter: bit-exact vs the reference codec
+    python eval/experiments/decode_rowoff.py --sass     # sm_90 SASS counts vs the product (no GPU)
+
+Format v2 stores no escape offsets, so the product decoder (``_tile.decode_rows_pairs``) derives them
+per sub-tile with ``tl.cumsum`` over the group counts and ``tl.max`` for the rows' total (~24% of its
+instructions at d=128, most of its barriers; eval/NOTES.md). This experiment supposes a format with
+one uint16 per block row: the exclusive prefix of the block's escape bytes at that row, top bit of
+row 0 = "a raw group in this block" (computed here on the host from the slots, ``row_offsets``).
+Group g's offset in row t is then row_off[t] + popc(ones & below_g) + 5 * popc(twos & below_g), with
+ones / twos the 4-bit / raw tags of the row's 32-bit tag word (d=128: Q = 4 tag bytes per row).
+Triton's CPU interpreter lacks ``libdevice.popc``; under it a SWAR popcount stands in (same values).
+Not a product path: the format change it measures is not made.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+if __name__ == "__main__" and "--sass" not in sys.argv:
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before any @triton.jit is defined
+
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+from gaac_hf.kernels._tile import INTERPRET, _bf16_pair, _code_bytes, _raw_high_bytes, base_pair_words
+
+
+@triton.jit
+def _popc(x, SWAR: tl.constexpr):
+    if SWAR:  # the interpreter has no popc
+        x = x - ((x >> 1) & 0x55555555)
+        x = (x & 0x33333333) + ((x >> 2) & 0x33333333)
+        x = (x + (x >> 4)) & 0x0F0F0F0F
+        return (x * 0x01010101) >> 24
+    else:
+        return libdevice.popc(x.to(tl.int32, bitcast=True)).to(tl.uint32)
+
+
+@triton.jit
+def _rows_rowoff(slot, stream, rowoff, r0, has_raw, b8w0, b8w1, b8w2, b8w3, b16w0, b16w1, b16w2, b16w3,
+                 LO2_OFF: tl.constexpr, HI1_OFF: tl.constexpr, TAG_OFF: tl.constexpr,
+                 TS: tl.constexpr, D: tl.constexpr, SWAR: tl.constexpr):
+    G: tl.constexpr = D // 8
+    t = tl.arange(0, TS)[:, None]
+    g = tl.arange(0, G)[None, :]
+    gi = t * G + g
+    sm = tl.load((slot + r0 * D).to(tl.pointer_type(tl.int64)) + gi)
+    smlo = sm.to(tl.uint32)
+    smhi = (sm >> 32).to(tl.uint32)
+    lo2 = tl.load((slot + LO2_OFF).to(tl.pointer_type(tl.uint16)) + r0 * G + gi).to(tl.uint32)
+    hi1 = tl.load(slot + HI1_OFF + r0 * G + gi).to(tl.uint32)
+    tw = tl.load((slot + TAG_OFF).to(tl.pointer_type(tl.uint32)) + r0 + t)  # [TS, 1]: the row's 16 tags
+    lo = tw & 0x55555555
+    hi = (tw >> 1) & 0x55555555
+    ones = lo & (hi ^ 0x55555555)  # tag 1 (4-bit group): low bit set, high bit clear
+    twos = hi & (lo ^ 0x55555555)  # tag 2 (raw group)
+    below = ((tl.full([1, G], 1, tl.uint32) << (2 * g).to(tl.uint32)) - 1)
+    pre = _popc(ones & below, SWAR) + 5 * _popc(twos & below, SWAR)
+    start = (tl.load(rowoff + r0 + t).to(tl.uint32) & 0x7FFF) + pre
+    tag = (tw >> (2 * g).to(tl.uint32)) & 3
+    esc = stream + start
+    e0 = tl.load(esc, mask=tag > 0, other=0).to(tl.uint32)
+    E = _code_bytes(lo2, hi1, e0)
+    F = _code_bytes(lo2 >> 8, hi1 >> 4, e0 >> 4)
+    if has_raw:
+        is_raw = tag == 2
+        x1 = tl.load(esc + 1, mask=is_raw, other=0).to(tl.uint32)
+        x2 = tl.load(esc + 2, mask=is_raw, other=0).to(tl.uint32)
+        x3 = tl.load(esc + 3, mask=is_raw, other=0).to(tl.uint32)
+        x4 = tl.load(esc + 4, mask=is_raw, other=0).to(tl.uint32)
+        E = E | _raw_high_bytes(x1, x2, x3, x4)
+        F = F | _raw_high_bytes(x1 >> 4, x2 >> 4, x3 >> 4, x4 >> 4)
+    keep = (tag != 2).to(tl.uint32)
+    is4 = (tag == 1).to(tl.uint32)
+    w0 = _bf16_pair(smlo & 0xFFFF, E & 0x00FF00FF, b8w0 * keep + (b16w0 - b8w0) * is4)
+    w1 = _bf16_pair(smlo >> 16, (E >> 8) & 0x00FF00FF, b8w1 * keep + (b16w1 - b8w1) * is4)
+    w2 = _bf16_pair(smhi & 0xFFFF, F & 0x00FF00FF, b8w2 * keep + (b16w2 - b8w2) * is4)
+    w3 = _bf16_pair(smhi >> 16, (F >> 8) & 0x00FF00FF, b8w3 * keep + (b16w3 - b8w3) * is4)
+    return w0, w1, w2, w3
+
+
+@triton.jit
+def _decode_rowoff_kernel(SLOTS, HEAP, ESC_START, ROWOFF, B8, B16, OUT, base_stride,
+                          SLOT_BYTES: tl.constexpr, LO2_OFF: tl.constexpr, HI1_OFF: tl.constexpr,
+                          TAG_OFF: tl.constexpr, T: tl.constexpr, D: tl.constexpr, TS: tl.constexpr,
+                          SWAR: tl.constexpr):
+    """The product's standalone fast decoder (pair-word stores), offsets from ROWOFF (uint16 [N, T])."""
+    n = tl.program_id(0).to(tl.int64)
+    stream = HEAP + tl.load(ESC_START + n)
+    rowoff = ROWOFF + n * T
+    has_raw = tl.load(rowoff) < 0  # int16 view of the uint16: the top bit
+    a0, a1, a2, a3 = base_pair_words(B8 + n * base_stride, 0, D)
+    c0, c1, c2, c3 = base_pair_words(B16 + n * base_stride, 0, D)
+    r = tl.arange(0, TS)[:, None]
+    g = tl.arange(0, D // 8)[None, :]
+    words = (OUT + n * (T * D)).to(tl.pointer_type(tl.uint32))
+    for sub in tl.static_range(T // TS):
+        w0, w1, w2, w3 = _rows_rowoff(SLOTS + n * SLOT_BYTES, stream, rowoff, sub * TS, has_raw,
+                                      a0, a1, a2, a3, c0, c1, c2, c3, LO2_OFF, HI1_OFF, TAG_OFF, TS, D, SWAR)
+        p = words + (sub * TS + r) * (D // 2) + 4 * g
+        tl.store(p, w0)
+        tl.store(p + 1, w1)
+        tl.store(p + 2, w2)
+        tl.store(p + 3, w3)
+
+
+def row_offsets(slots, geometry):
+    """uint16 [N, T] (as int16 bits): exclusive prefix of each block's escape bytes per row, top bit of
+    row 0 set when the block has a raw group. From the slots' tag planes (d=128: 4 tag bytes per row)."""
+    import torch
+    g = geometry
+    n, t, q = slots.shape[0], g.block_size, g.head_dim // 32
+    tagb = slots[:, g.tag_offset: g.tag_offset + t * q].reshape(n, t, q).to(torch.int32)
+    tags = torch.stack([(tagb >> (2 * i)) & 3 for i in range(4)], dim=-1).reshape(n, t, 4 * q)
+    cnt = torch.where(tags == 1, 1, torch.where(tags == 2, 5, 0)).sum(-1)  # [N, T] bytes per row
+    off = torch.cumsum(cnt, 1) - cnt
+    off[:, 0] += (tags == 2).flatten(1).any(1).int() * 32768
+    return off.to(torch.int32).to(torch.int16)  # uint16 bit patterns
+
+
+def decode_rowoff(slots, heap, esc_start, base8, base16, geometry, tile_tokens=8, num_warps=2):
+    import torch
+    g = geometry
+    n = slots.shape[0]
+    out = torch.full((n, g.block_size, g.head_dim), float("nan"), dtype=torch.bfloat16, device=slots.device)
+    ro = row_offsets(slots, g)
+    _decode_rowoff_kernel[(n,)](slots, heap, esc_start, ro, base8, base16, out.view(torch.int16),
+                                base8.shape[-1] if base8.dim() > 1 else 0,
+                                SLOT_BYTES=g.slot_bytes, LO2_OFF=g.lo2_offset, HI1_OFF=g.hi1_offset,
+                                TAG_OFF=g.tag_offset, T=g.block_size, D=g.head_dim, TS=tile_tokens,
+                                SWAR=INTERPRET, num_warps=num_warps)
+    return out
+
+
+def _check_cpu():
+    import torch
+    from gaac_hf.codec import decode_blocks, encode_blocks, pack_escapes
+    from gaac_hf.format import BlockGeometry
+    from gaac_hf.kernels.synth import calibrate, synthetic_kv
+    d = 128
+    g = BlockGeometry(64, d, "channel")
+    x = synthetic_kv((1, 2, 64 * 6, d), "k", seed=d, device="cpu")
+    b8, b16 = calibrate(x)
+    x = x.clone()
+    xi = x.view(torch.int16)
+    gen = torch.Generator().manual_seed(d)
+    idx = torch.randint(0, xi.numel(), (xi.numel() // 200,), generator=gen)  # arbitrary bits: raw groups
+    xi.view(-1)[idx] = torch.randint(-32768, 32767, (idx.numel(),), generator=gen, dtype=torch.int16)
+    x[0, 1, 64:128] *= 300.0  # 4-bit groups
+    blocks = x[0].reshape(-1, 64, d)
+    heads = torch.arange(2).repeat_interleave(6)
+    enc = encode_blocks(blocks, b8[heads], b16[heads], g)
+    fit = enc.fits
+    heap, start = pack_escapes(enc.escapes[fit], enc.escape_len[fit])
+    slots = enc.slots[fit].contiguous()
+    modes = [float((enc.tags[fit] == m).float().mean()) for m in range(3)]
+    want = decode_blocks(slots, (heap, start), b8[heads][fit], b16[heads][fit], g)
+    got = decode_rowoff(slots, heap, start, b8[heads][fit].contiguous(), b16[heads][fit].contiguous(), g)
+    same = torch.equal(got.view(torch.int16), want.view(torch.int16))
+    print(f"d={d} blocks={int(fit.sum())}/{fit.numel()} modes 3/4/raw={[round(m, 3) for m in modes]} "
+          f"row-offset decoder bit-exact vs reference: {same}")
+    return same
+
+
+def _sass():
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    import sass_sm90 as S
+    from gaac_hf.format import BlockGeometry
+    from gaac_hf.kernels import decode as Dm
+    d, w, ts = 128, 2, 8
+    g = BlockGeometry(64, d, "channel")
+    geo = dict(SLOT_BYTES=g.slot_bytes, LO2_OFF=g.lo2_offset, HI1_OFF=g.hi1_offset, TAG_OFF=g.tag_offset, T=64, D=d, TS=ts)
+    psig = dict(SLOTS="*u8", HEAP="*u8", ESC_START="*i64", heap_len="i64", B8="*u8", B16="*u8", OUT="*i16", base_stride="i32")
+    rsig = dict(SLOTS="*u8", HEAP="*u8", ESC_START="*i64", ROWOFF="*i16", B8="*u8", B16="*u8", OUT="*i16", base_stride="i32")
+    for name, info in (("product (scan)", S.inspect(S.compile90(Dm._decode_kernel, psig, dict(geo, FAST=True), w))),
+                       ("row offsets", S.inspect(S.compile90(_decode_rowoff_kernel, rsig, dict(geo, SWAR=False), w)))):
+        pv = S.per_value(info, w, 64 * d)
+        print(f"d={d} w{w} ts{ts} {name:15s} regs {info['regs']:3d} sass {info['sass_total']:5d} BAR {info['barriers']:3d} "
+              f"warp-instr/value {pv['warp_instr_per_value']:.3f} INT {pv['int_warp_instr_per_value']:.3f} "
+              f"issue bound {pv['bound_gbps_bf16']:.0f} GB/s")
+
+
+if __name__ == "__main__":
+    if "--sass" in sys.argv:
+        _sass()
+    else:
+        sys.exit(0 if _check_cpu() else 1)
