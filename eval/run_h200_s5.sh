@@ -3,7 +3,9 @@
 # Everything below was built after session 4's device time was spent (predictions in eval/NOTES.md):
 #   1. GPU tests (decode_tables_triton: K, V and tails in one launch; the pair-word store; "auto"
 #      without cuDNN), codec (fast decoder ~1,800 GB/s at d=128 predicted), attention with the
-#      decompress column (decode-then-cuDNN at 64K B=1 ~237 us predicted).
+#      decompress column (decode-then-cuDNN at 64K B=1 ~237 us predicted); the per-row-offset decoder
+#      experiment (~2,200-2,300 GB/s predicted against the product's ~1,800), which decides whether
+#      the row offsets become part of the format / pools.
 #   2. end to end at 64K with fused="auto" (wall per step ~40 ms at B=1 and ~42 ms at B=4 predicted,
 #      against 43.7 / 67.2 fused) and fused=True in the same process.
 set -o pipefail
@@ -13,6 +15,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv | 
 if [ "${1:-1}" = 1 ]; then
 timeout 150 python3 -m pytest -q -x -m gpu tests/ 2>&1 | tail -3 | tee $OUT/pytest_gpu.txt
 timeout 100 python3 eval/bench_codec.py --quick --heads 32 --out $OUT/codec_h200_words.json 2>&1 | tail -3 | tee $OUT/codec.log
+timeout 90 python3 eval/experiments/decode_rowoff.py --gpu --out $OUT/decode_rowoff_h200.json 2>&1 | tail -5 | tee $OUT/rowoff.log
 timeout 300 python3 eval/bench_attention.py --out $OUT/attention_h200_decompress2.json --budget-s 200 --max-cases 6 \
   --timer graph --decompress --shapes qwen3-8b 2>&1 | grep -v "^  sweep" | tail -14 | tee $OUT/attention.log
 fi

@@ -2,6 +2,7 @@
 
     python eval/experiments/decode_rowoff.py            # CPU interpreter: bit-exact vs the reference codec
     python eval/experiments/decode_rowoff.py --sass     # sm_90 SASS counts vs the product (no GPU)
+    python eval/experiments/decode_rowoff.py --gpu [--out F.json]   # H200: bits + GB/s vs the product
 
 Format v2 stores no escape offsets, so the product decoder (``_tile.decode_rows_pairs``) derives them
 per sub-tile with ``tl.cumsum`` over the group counts and ``tl.max`` for the rows' total (~24% of its
@@ -18,7 +19,7 @@ from __future__ import annotations
 import os
 import sys
 
-if __name__ == "__main__" and "--sass" not in sys.argv:
+if __name__ == "__main__" and "--sass" not in sys.argv and "--gpu" not in sys.argv:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before any @triton.jit is defined
 
 import triton
@@ -183,8 +184,71 @@ def _sass():
               f"issue bound {pv['bound_gbps_bf16']:.0f} GB/s")
 
 
+def _gpu(out_path=None, heads=32, dev="cuda", tokens=65536):
+    """Whole-layer K at 64K (heads x 1,024 blocks, 4x larger than the L2 at 32 heads), encoded by the
+    product's Triton encoder: both decoders bit-identical to each other and to the reference on a
+    subset, then timed (median of do_bench, the product decoder at its default launch, this one at
+    the same 2 warps / 8-row sub-tiles and two neighbours)."""
+    import json
+    import platform
+
+    import torch
+    from gaac_hf.codec import decode_blocks
+    from gaac_hf.format import BlockGeometry
+    from gaac_hf.kernels.decode import decode_blocks_triton
+    from gaac_hf.kernels.encode import append_escapes_triton, encode_blocks_triton
+    from gaac_hf.kernels.synth import calibrate, synthetic_kv
+    d = 128
+    g = BlockGeometry(64, d, "channel")
+    x = synthetic_kv((1, heads, tokens, d), "k", seed=d, device=dev)
+    b8, b16 = calibrate(x)
+    blocks = x[0].reshape(heads * (tokens // 64), 64, d)
+    hb = torch.arange(heads, device=dev).repeat_interleave(tokens // 64)
+    c8, c16 = b8[hb].contiguous(), b16[hb].contiguous()
+    enc = encode_blocks_triton(blocks, c8, c16, g, fast=True, escape_width=g.escape_limit)
+    fit = enc.fits
+    assert bool(fit.all()), "every block of synthetic KV should fit"
+    heap = torch.zeros(int(enc.escape_len.sum()) + 1, dtype=torch.uint8, device=dev)
+    used = torch.zeros(1, dtype=torch.int64, device=dev)
+    start = append_escapes_triton(enc, heap, used)
+    slots = enc.slots.contiguous()
+    ro = row_offsets(slots, g)
+    n = slots.shape[0]
+    out_p = decode_blocks_triton(slots, (heap, start), c8, c16, g, fast=True)
+    res = {"gpu": torch.cuda.get_device_name() if dev == "cuda" else dev, "versions": dict(torch=torch.__version__, triton=triton.__version__,
+           python=platform.python_version()), "command": "python " + " ".join(sys.argv), "blocks": n, "head_dim": d,
+           "bytes_bf16": n * 64 * d * 2, "rows": []}
+    sub = slice(0, 256)
+    want = decode_blocks(slots[sub], (heap, start[sub]), c8[sub], c16[sub], g)
+    res["product_equals_reference_subset"] = bool(torch.equal(out_p[sub].view(torch.int16), want.view(torch.int16)))
+    for w, ts in ((2, 8), (2, 16), (4, 8)):
+        o = torch.full_like(out_p, float("nan"))
+
+        def run(o=o, w=w, ts=ts):
+            _decode_rowoff_kernel[(n,)](slots, heap, start, ro, c8, c16, o.view(torch.int16), d,
+                                        SLOT_BYTES=g.slot_bytes, LO2_OFF=g.lo2_offset, HI1_OFF=g.hi1_offset,
+                                        TAG_OFF=g.tag_offset, T=64, D=d, TS=ts, SWAR=INTERPRET, num_warps=w)
+        run()
+        same = bool(torch.equal(o.view(torch.int16), out_p.view(torch.int16)))
+        us = triton.testing.do_bench(run, return_mode="median") * 1e3
+        res["rows"].append(dict(kernel="rowoff", warps=w, tile_tokens=ts, us=us, gbps=res["bytes_bf16"] / us / 1e3,
+                                bit_identical_to_product=same))
+    us = triton.testing.do_bench(lambda: decode_blocks_triton(slots, (heap, start), c8, c16, g, fast=True, out=out_p),
+                                 return_mode="median") * 1e3
+    res["rows"].append(dict(kernel="product_fast_default", us=us, gbps=res["bytes_bf16"] / us / 1e3))
+    for r in res["rows"]:
+        print(r, flush=True)
+    if out_path:
+        with open(out_path, "w") as fh:
+            json.dump(res, fh, indent=1)
+    return all(r.get("bit_identical_to_product", True) for r in res["rows"]) and res["product_equals_reference_subset"]
+
+
 if __name__ == "__main__":
     if "--sass" in sys.argv:
         _sass()
+    elif "--gpu" in sys.argv:
+        o = sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else None
+        sys.exit(0 if _gpu(o) else 1)
     else:
         sys.exit(0 if _check_cpu() else 1)
