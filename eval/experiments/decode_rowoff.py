@@ -10,7 +10,7 @@ instructions at d=128, most of its barriers; eval/NOTES.md). This experiment sup
 one uint16 per block row: the exclusive prefix of the block's escape bytes at that row, top bit of
 row 0 = "a raw group in this block" (computed here on the host from the slots, ``row_offsets``).
 Group g's offset in row t is then row_off[t] + popc(ones & below_g) + 5 * popc(twos & below_g), with
-ones / twos the 4-bit / raw tags of the row's 32-bit tag word (d=128: Q = 4 tag bytes per row).
+ones / twos the 4-bit / raw tags of the row's tag bits (2, 4 or 8 bytes per row at d = 64 / 128 / 256).
 Triton's CPU interpreter lacks ``libdevice.popc``; under it a SWAR popcount stands in (same values).
 Not a product path: the format change it measures is not made.
 """
@@ -41,6 +41,21 @@ def _popc(x, SWAR: tl.constexpr):
 
 
 @triton.jit
+def _in_row_prefix(tw, g, SWAR: tl.constexpr, WHOLE: tl.constexpr = False):
+    """Escape bytes of the groups before group g (< 16) of a 32-bit tag word (all 16 groups if WHOLE):
+    1 per 4-bit group (tag 1), 5 per raw group (tag 2)."""
+    lo = tw & 0x55555555
+    hi = (tw >> 1) & 0x55555555
+    ones = lo & (hi ^ 0x55555555)  # tag 1: low bit set, high bit clear
+    twos = hi & (lo ^ 0x55555555)  # tag 2
+    if not WHOLE:
+        below = (tl.full([1, 1], 1, tl.uint32) << (2 * g).to(tl.uint32)) - 1
+        ones = ones & below
+        twos = twos & below
+    return _popc(ones, SWAR) + 5 * _popc(twos, SWAR)
+
+
+@triton.jit
 def _rows_rowoff(slot, stream, rowoff, r0, has_raw, b8w0, b8w1, b8w2, b8w3, b16w0, b16w1, b16w2, b16w3,
                  LO2_OFF: tl.constexpr, HI1_OFF: tl.constexpr, TAG_OFF: tl.constexpr,
                  TS: tl.constexpr, D: tl.constexpr, SWAR: tl.constexpr):
@@ -53,15 +68,24 @@ def _rows_rowoff(slot, stream, rowoff, r0, has_raw, b8w0, b8w1, b8w2, b8w3, b16w
     smhi = (sm >> 32).to(tl.uint32)
     lo2 = tl.load((slot + LO2_OFF).to(tl.pointer_type(tl.uint16)) + r0 * G + gi).to(tl.uint32)
     hi1 = tl.load(slot + HI1_OFF + r0 * G + gi).to(tl.uint32)
-    tw = tl.load((slot + TAG_OFF).to(tl.pointer_type(tl.uint32)) + r0 + t)  # [TS, 1]: the row's 16 tags
-    lo = tw & 0x55555555
-    hi = (tw >> 1) & 0x55555555
-    ones = lo & (hi ^ 0x55555555)  # tag 1 (4-bit group): low bit set, high bit clear
-    twos = hi & (lo ^ 0x55555555)  # tag 2 (raw group)
-    below = ((tl.full([1, G], 1, tl.uint32) << (2 * g).to(tl.uint32)) - 1)
-    pre = _popc(ones & below, SWAR) + 5 * _popc(twos & below, SWAR)
+    if D == 64:  # the row's 8 tags in 2 bytes
+        tw = tl.load((slot + TAG_OFF).to(tl.pointer_type(tl.uint16)) + r0 + t).to(tl.uint32)
+        pre = _in_row_prefix(tw, g, SWAR)
+        tag = (tw >> (2 * g).to(tl.uint32)) & 3
+    elif D == 128:  # 16 tags in 4 bytes
+        tw = tl.load((slot + TAG_OFF).to(tl.pointer_type(tl.uint32)) + r0 + t)
+        pre = _in_row_prefix(tw, g, SWAR)
+        tag = (tw >> (2 * g).to(tl.uint32)) & 3
+    else:  # d=256: 32 tags in two words, groups 0-15 and 16-31
+        w32 = (slot + TAG_OFF).to(tl.pointer_type(tl.uint32)) + 2 * (r0 + t)
+        tw0 = tl.load(w32)
+        tw1 = tl.load(w32 + 1)
+        upper = g >= 16
+        gg = tl.where(upper, g - 16, g)
+        tw = tl.where(upper, tw1, tw0)
+        pre = _in_row_prefix(tw, gg, SWAR) + tl.where(upper, _in_row_prefix(tw0, 0, SWAR, True), 0)
+        tag = (tw >> (2 * gg).to(tl.uint32)) & 3
     start = (tl.load(rowoff + r0 + t).to(tl.uint32) & 0x7FFF) + pre
-    tag = (tw >> (2 * g).to(tl.uint32)) & 3
     esc = stream + start
     e0 = tl.load(esc, mask=tag > 0, other=0).to(tl.uint32)
     E = _code_bytes(lo2, hi1, e0)
@@ -137,11 +161,17 @@ def decode_rowoff(slots, heap, esc_start, base8, base16, geometry, tile_tokens=8
 
 
 def _check_cpu():
+    ok = True
+    for d in (64, 128, 256):
+        ok &= _check_cpu_dim(d)
+    return ok
+
+
+def _check_cpu_dim(d):
     import torch
     from gaac_hf.codec import decode_blocks, encode_blocks, pack_escapes
     from gaac_hf.format import BlockGeometry
     from gaac_hf.kernels.synth import calibrate, synthetic_kv
-    d = 128
     g = BlockGeometry(64, d, "channel")
     x = synthetic_kv((1, 2, 64 * 6, d), "k", seed=d, device="cpu")
     b8, b16 = calibrate(x)
@@ -159,7 +189,8 @@ def _check_cpu():
     slots = enc.slots[fit].contiguous()
     modes = [float((enc.tags[fit] == m).float().mean()) for m in range(3)]
     want = decode_blocks(slots, (heap, start), b8[heads][fit], b16[heads][fit], g)
-    got = decode_rowoff(slots, heap, start, b8[heads][fit].contiguous(), b16[heads][fit].contiguous(), g)
+    got = decode_rowoff(slots, heap, start, b8[heads][fit].contiguous(), b16[heads][fit].contiguous(), g,
+                        tile_tokens=16 if d <= 64 else 8, num_warps=max(2, d // 64))
     same = torch.equal(got.view(torch.int16), want.view(torch.int16))
     print(f"d={d} blocks={int(fit.sum())}/{fit.numel()} modes 3/4/raw={[round(m, 3) for m in modes]} "
           f"row-offset decoder bit-exact vs reference: {same}")
@@ -171,8 +202,13 @@ def _sass():
     import sass_sm90 as S
     from gaac_hf.format import BlockGeometry
     from gaac_hf.kernels import decode as Dm
-    d, w, ts = 128, 2, 8
-    g = BlockGeometry(64, d, "channel")
+    for d in (64, 128, 256):
+        _sass_dim(S, BlockGeometry(64, d, "channel"), Dm)
+
+
+def _sass_dim(S, g, Dm):
+    d = g.head_dim
+    w, ts = max(2, d // 64), (16 if d <= 64 else 8)  # the product's fast-decoder launch defaults
     geo = dict(SLOT_BYTES=g.slot_bytes, LO2_OFF=g.lo2_offset, HI1_OFF=g.hi1_offset, TAG_OFF=g.tag_offset, T=64, D=d, TS=ts)
     psig = dict(SLOTS="*u8", HEAP="*u8", ESC_START="*i64", heap_len="i64", B8="*u8", B16="*u8", OUT="*i16", base_stride="i32")
     rsig = dict(SLOTS="*u8", HEAP="*u8", ESC_START="*i64", ROWOFF="*i16", B8="*u8", B16="*u8", OUT="*i16", base_stride="i32")
@@ -184,21 +220,36 @@ def _sass():
               f"issue bound {pv['bound_gbps_bf16']:.0f} GB/s")
 
 
-def _gpu(out_path=None, heads=32, dev="cuda", tokens=65536):
-    """Whole-layer K at 64K (heads x 1,024 blocks, 4x larger than the L2 at 32 heads), encoded by the
-    product's Triton encoder: both decoders bit-identical to each other and to the reference on a
-    subset, then timed (median of do_bench, the product decoder at its default launch, this one at
-    the same 2 warps / 8-row sub-tiles and two neighbours)."""
+def _gpu(out_path=None, dev="cuda", tokens=65536, dims=(64, 128, 256), values=2**28):
     import json
     import platform
 
+    import torch
+    res = {"gpu": torch.cuda.get_device_name() if dev == "cuda" else dev,
+           "versions": dict(torch=torch.__version__, triton=triton.__version__, python=platform.python_version()),
+           "command": "python " + " ".join(sys.argv), "dims": []}
+    ok = True
+    for d in dims:  # as many heads as give `values` BF16 values (2**28: 537 MB, ~10x the L2) per head dim
+        r = _gpu_dim(d, max(1, values // (tokens * d)), dev, tokens)
+        res["dims"].append(r)
+        ok &= all(x.get("bit_identical_to_product", True) for x in r["rows"]) and r["product_equals_reference_subset"]
+    if out_path:
+        with open(out_path, "w") as fh:
+            json.dump(res, fh, indent=1)
+    return ok
+
+
+def _gpu_dim(d, heads, dev, tokens):
+    """K of ``heads`` kv-heads at ``tokens`` (537 MB of BF16 at 64K, ~10x the L2), encoded by the
+    product's Triton encoder: both decoders bit-identical to each other and to the reference on a
+    subset, then timed (median of do_bench; the product decoder at its default launch, this one at
+    the same launch and three others)."""
     import torch
     from gaac_hf.codec import decode_blocks
     from gaac_hf.format import BlockGeometry
     from gaac_hf.kernels.decode import decode_blocks_triton
     from gaac_hf.kernels.encode import append_escapes_triton, encode_blocks_triton
     from gaac_hf.kernels.synth import calibrate, synthetic_kv
-    d = 128
     g = BlockGeometry(64, d, "channel")
     x = synthetic_kv((1, heads, tokens, d), "k", seed=d, device=dev)
     b8, b16 = calibrate(x)
@@ -215,13 +266,11 @@ def _gpu(out_path=None, heads=32, dev="cuda", tokens=65536):
     ro = row_offsets(slots, g)
     n = slots.shape[0]
     out_p = decode_blocks_triton(slots, (heap, start), c8, c16, g, fast=True)
-    res = {"gpu": torch.cuda.get_device_name() if dev == "cuda" else dev, "versions": dict(torch=torch.__version__, triton=triton.__version__,
-           python=platform.python_version()), "command": "python " + " ".join(sys.argv), "blocks": n, "head_dim": d,
-           "bytes_bf16": n * 64 * d * 2, "rows": []}
+    res = {"blocks": n, "head_dim": d, "heads": heads, "bytes_bf16": n * 64 * d * 2, "rows": []}
     sub = slice(0, 256)
     want = decode_blocks(slots[sub], (heap, start[sub]), c8[sub], c16[sub], g)
     res["product_equals_reference_subset"] = bool(torch.equal(out_p[sub].view(torch.int16), want.view(torch.int16)))
-    for w, ts in ((2, 8), (2, 16), (4, 8)):
+    for w, ts in dict.fromkeys(((max(2, d // 64), 16 if d <= 64 else 8), (2, 16), (4, 8), (2, 8))):
         o = torch.full_like(out_p, float("nan"))
 
         def run(o=o, w=w, ts=ts):
@@ -237,11 +286,8 @@ def _gpu(out_path=None, heads=32, dev="cuda", tokens=65536):
                                  return_mode="median") * 1e3
     res["rows"].append(dict(kernel="product_fast_default", us=us, gbps=res["bytes_bf16"] / us / 1e3))
     for r in res["rows"]:
-        print(r, flush=True)
-    if out_path:
-        with open(out_path, "w") as fh:
-            json.dump(res, fh, indent=1)
-    return all(r.get("bit_identical_to_product", True) for r in res["rows"]) and res["product_equals_reference_subset"]
+        print(f"d={d}", r, flush=True)
+    return res
 
 
 if __name__ == "__main__":
