@@ -1,5 +1,5 @@
 #!/bin/bash
-# Planned at the end of session 4 (device tool, repo root): bash eval/run_h200_s5.sh 1|2
+2|2
 # Everything below was built after session 4's device time was spent (predictions in eval/NOTES.md):
 #   1. GPU tests (decode_tables_triton: K, V and tails in one launch; the pair-word store; "auto"
 #      without cuDNN), codec (fast decoder ~1,800 GB/s at d=128 predicted), attention with the
@@ -8,6 +8,7 @@
 #      the row offsets become part of the format / pools.
 #   2. end to end at 64K with fused="auto" (wall per step ~40 ms at B=1 and ~42 ms at B=4 predicted,
 #      against 43.7 / 67.2 fused) and fused=True in the same process.
+#   3. the whole attention grid (Gemma3 / SmolLM2 shapes, B=16), both timers and the decompress columns.
 set -o pipefail
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "pip -e failed"
@@ -24,4 +25,8 @@ for f in auto true; do
 timeout 280 python3 eval/bench_e2e.py --contexts 65536 --batches 1 4 --prefill-reps 1 --steps 10 --prof-steps 2 \
   --budget-s 250 --fused $f --out $OUT/e2e_h200_64k_$f.json 2>&1 | grep -v Warn | tail -3 | tee -a $OUT/e2e.log
 done
+fi
+if [ "${1:-1}" = 3 ]; then  # the whole grid (all shapes, B = 1 / 4 / 16) with the current kernels
+timeout 580 python3 eval/bench_attention.py --out $OUT/attention_h200.json --budget-s 520 --timer both --decompress \
+  2>&1 | grep -v "^  sweep" | tail -30 | tee $OUT/attention.log
 fi
