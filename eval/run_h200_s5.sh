@@ -1,5 +1,5 @@
 #!/bin/bash
-2|2
+# Planned at the end of session 4 (device tool, repo root): bash eval/run_h200_s5.sh 1|2|3
 # Everything below was built after session 4's device time was spent (predictions in eval/NOTES.md):
 #   1. GPU tests (decode_tables_triton: K, V and tails in one launch; the pair-word store; "auto"
 #      without cuDNN), codec (fast decoder ~1,800 GB/s at d=128 predicted), attention with the
