@@ -134,6 +134,11 @@ def _fused_kernel():
 FUSED_MAX_TOKENS = 16384
 
 
+def _auto_unfused(layer, kv_len: int) -> bool:
+    """Whether a ``fused="auto"`` layer takes decode-then-SDPA for a decode step over ``kv_len`` tokens."""
+    return layer.fused == "auto" and kv_len >= FUSED_MAX_TOKENS
+
+
 def _no_cudnn():
     """SDPA backends for the decode-then-SDPA steps of ``fused="auto"``: every backend but cuDNN. With a
     KV length that grows by one each step, cuDNN's attention costs ~1.2 ms of host time per call on the
@@ -183,7 +188,7 @@ def _fused_decode(module, query: torch.Tensor, layer, attention_mask, scaling: f
     """
     if not layer.fused or any(kwargs.get(k) is not None for k in _UNFUSED_KWARGS):
         return None
-    if layer.fused == "auto" and layer.get_seq_length() >= FUSED_MAX_TOKENS:
+    if _auto_unfused(layer, layer.get_seq_length()):
         return None  # decode-then-SDPA is faster there
     if layer.geometry.group_axis != "channel":
         return None
@@ -245,7 +250,7 @@ def gaac_attention_forward(
             if out is not None:
                 return out, None
         k, v = layer.full_kv()
-        if query.is_cuda and q_len == 1 and layer.fused == "auto" and kv_len >= FUSED_MAX_TOKENS:
+        if query.is_cuda and q_len == 1 and _auto_unfused(layer, kv_len):
             with _no_cudnn():
                 return _sdpa()(module, query, k, v, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
         return _sdpa()(module, query, k, v, attention_mask, dropout=dropout, scaling=scaling, **kwargs)

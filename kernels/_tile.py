@@ -178,6 +178,31 @@ def group_planes(slot, stream, r0, esc_base, LO2_OFF: tl.constexpr, HI1_OFF: tl.
 
 
 @triton.jit
+def planes_to_pairs(smlo, smhi, lo2, hi1, tag, esc, e0, has_raw, b8w0, b8w1, b8w2, b8w3,
+                    b16w0, b16w1, b16w2, b16w3):
+    """A group's planes (:func:`group_planes`: sm words, lo2, hi1, tag, escape pointer and first escape
+    byte, ``[TS, G]`` each) -> its 4 uint32 BF16 pair words. ``has_raw``: whether any group of these
+    rows is raw (a uniform branch: only then are escape bytes 1-4 read)."""
+    E = _code_bytes(lo2, hi1, e0)
+    F = _code_bytes(lo2 >> 8, hi1 >> 4, e0 >> 4)
+    if has_raw:  # coded-exponent bits 4..7 of raw groups from escape bytes 1..4
+        is_raw = tag == 2
+        x1 = tl.load(esc + 1, mask=is_raw, other=0).to(tl.uint32)
+        x2 = tl.load(esc + 2, mask=is_raw, other=0).to(tl.uint32)
+        x3 = tl.load(esc + 3, mask=is_raw, other=0).to(tl.uint32)
+        x4 = tl.load(esc + 4, mask=is_raw, other=0).to(tl.uint32)
+        E = E | _raw_high_bytes(x1, x2, x3, x4)
+        F = F | _raw_high_bytes(x1 >> 4, x2 >> 4, x3 >> 4, x4 >> 4)
+    keep = (tag != 2).to(tl.uint32)
+    is4 = (tag == 1).to(tl.uint32)
+    w0 = _bf16_pair(smlo & 0xFFFF, E & 0x00FF00FF, b8w0 * keep + (b16w0 - b8w0) * is4)
+    w1 = _bf16_pair(smlo >> 16, (E >> 8) & 0x00FF00FF, b8w1 * keep + (b16w1 - b8w1) * is4)
+    w2 = _bf16_pair(smhi & 0xFFFF, F & 0x00FF00FF, b8w2 * keep + (b16w2 - b8w2) * is4)
+    w3 = _bf16_pair(smhi >> 16, (F >> 8) & 0x00FF00FF, b8w3 * keep + (b16w3 - b8w3) * is4)
+    return w0, w1, w2, w3
+
+
+@triton.jit
 def decode_rows_pairs(
     slot, stream, r0, esc_base, b8w0, b8w1, b8w2, b8w3, b16w0, b16w1, b16w2, b16w3,
     LO2_OFF: tl.constexpr, HI1_OFF: tl.constexpr, TAG_OFF: tl.constexpr,
@@ -196,22 +221,8 @@ def decode_rows_pairs(
     (``eval/experiments/decode_v2.py`` keeps that one and checks both bit for bit).
     """
     smlo, smhi, lo2, hi1, tag, esc, e0, tot = group_planes(slot, stream, r0, esc_base, LO2_OFF, HI1_OFF, TAG_OFF, TS, D)
-    E = _code_bytes(lo2, hi1, e0)
-    F = _code_bytes(lo2 >> 8, hi1 >> 4, e0 >> 4)
-    if tot >= 65536:  # a raw group in these rows: coded-exponent bits 4..7 from escape bytes 1..4
-        is_raw = tag == 2
-        x1 = tl.load(esc + 1, mask=is_raw, other=0).to(tl.uint32)
-        x2 = tl.load(esc + 2, mask=is_raw, other=0).to(tl.uint32)
-        x3 = tl.load(esc + 3, mask=is_raw, other=0).to(tl.uint32)
-        x4 = tl.load(esc + 4, mask=is_raw, other=0).to(tl.uint32)
-        E = E | _raw_high_bytes(x1, x2, x3, x4)
-        F = F | _raw_high_bytes(x1 >> 4, x2 >> 4, x3 >> 4, x4 >> 4)
-    keep = (tag != 2).to(tl.uint32)
-    is4 = (tag == 1).to(tl.uint32)
-    w0 = _bf16_pair(smlo & 0xFFFF, E & 0x00FF00FF, b8w0 * keep + (b16w0 - b8w0) * is4)
-    w1 = _bf16_pair(smlo >> 16, (E >> 8) & 0x00FF00FF, b8w1 * keep + (b16w1 - b8w1) * is4)
-    w2 = _bf16_pair(smhi & 0xFFFF, F & 0x00FF00FF, b8w2 * keep + (b16w2 - b8w2) * is4)
-    w3 = _bf16_pair(smhi >> 16, (F >> 8) & 0x00FF00FF, b8w3 * keep + (b16w3 - b8w3) * is4)
+    w0, w1, w2, w3 = planes_to_pairs(smlo, smhi, lo2, hi1, tag, esc, e0, tot >= 65536,
+                                     b8w0, b8w1, b8w2, b8w3, b16w0, b16w1, b16w2, b16w3)
     return w0, w1, w2, w3, esc_base + (tot & 0xFFFF)
 
 

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from gaac_hf.kernels._tile import INTERPRET, _bf16_pair, _code_bytes, _raw_high_bytes, base_pair_words
+from gaac_hf.kernels._tile import INTERPRET, base_pair_words, planes_to_pairs
 
 
 @triton.jit
@@ -88,23 +88,8 @@ def _rows_rowoff(slot, stream, rowoff, r0, has_raw, b8w0, b8w1, b8w2, b8w3, b16w
     start = (tl.load(rowoff + r0 + t).to(tl.uint32) & 0x7FFF) + pre
     esc = stream + start
     e0 = tl.load(esc, mask=tag > 0, other=0).to(tl.uint32)
-    E = _code_bytes(lo2, hi1, e0)
-    F = _code_bytes(lo2 >> 8, hi1 >> 4, e0 >> 4)
-    if has_raw:
-        is_raw = tag == 2
-        x1 = tl.load(esc + 1, mask=is_raw, other=0).to(tl.uint32)
-        x2 = tl.load(esc + 2, mask=is_raw, other=0).to(tl.uint32)
-        x3 = tl.load(esc + 3, mask=is_raw, other=0).to(tl.uint32)
-        x4 = tl.load(esc + 4, mask=is_raw, other=0).to(tl.uint32)
-        E = E | _raw_high_bytes(x1, x2, x3, x4)
-        F = F | _raw_high_bytes(x1 >> 4, x2 >> 4, x3 >> 4, x4 >> 4)
-    keep = (tag != 2).to(tl.uint32)
-    is4 = (tag == 1).to(tl.uint32)
-    w0 = _bf16_pair(smlo & 0xFFFF, E & 0x00FF00FF, b8w0 * keep + (b16w0 - b8w0) * is4)
-    w1 = _bf16_pair(smlo >> 16, (E >> 8) & 0x00FF00FF, b8w1 * keep + (b16w1 - b8w1) * is4)
-    w2 = _bf16_pair(smhi & 0xFFFF, F & 0x00FF00FF, b8w2 * keep + (b16w2 - b8w2) * is4)
-    w3 = _bf16_pair(smhi >> 16, (F >> 8) & 0x00FF00FF, b8w3 * keep + (b16w3 - b8w3) * is4)
-    return w0, w1, w2, w3
+    return planes_to_pairs(smlo, smhi, lo2, hi1, tag, esc, e0, has_raw, b8w0, b8w1, b8w2, b8w3,
+                           b16w0, b16w1, b16w2, b16w3)
 
 
 @triton.jit
