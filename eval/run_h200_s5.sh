@@ -16,8 +16,8 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv | 
 if [ "${1:-1}" = 1 ]; then
 timeout 150 python3 -m pytest -q -x -m gpu tests/ 2>&1 | tail -3 | tee $OUT/pytest_gpu.txt
 timeout 100 python3 eval/bench_codec.py --quick --heads 32 --out $OUT/codec_h200_words.json 2>&1 | tail -3 | tee $OUT/codec.log
-timeout 150 python3 eval/experiments/decode_rowoff.py --gpu --out $OUT/decode_rowoff_h200.json 2>&1 | tail -14 | tee $OUT/rowoff.log
-timeout 300 python3 eval/bench_attention.py --out $OUT/attention_h200_decompress2.json --budget-s 200 --max-cases 6 \
+timeout 120 python3 eval/experiments/decode_rowoff.py --gpu --out $OUT/decode_rowoff_h200.json 2>&1 | tail -14 | tee $OUT/rowoff.log
+timeout 190 python3 eval/bench_attention.py --out $OUT/attention_h200_decompress2.json --budget-s 140 --max-cases 6 \
   --timer graph --decompress --shapes qwen3-8b 2>&1 | grep -v "^  sweep" | tail -14 | tee $OUT/attention.log
 fi
 if [ "${1:-1}" = 2 ]; then
