@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from gaac_hf.kernels._tile import INTERPRET, base_pair_words, planes_to_pairs
+from gaac_hf.kernels._tile import INTERPRET, base_pair_words, pairs_to_tile, planes_to_pairs
 
 
 @triton.jit
@@ -97,7 +97,7 @@ def _decode_rowoff_kernel(SLOTS, HEAP, ESC_START, ROWOFF, B8, B16, OUT, base_str
                           SLOT_BYTES: tl.constexpr, LO2_OFF: tl.constexpr, HI1_OFF: tl.constexpr,
                           TAG_OFF: tl.constexpr, T: tl.constexpr, D: tl.constexpr, TS: tl.constexpr,
                           SWAR: tl.constexpr):
-    """The product's standalone fast decoder (pair-word stores), offsets from ROWOFF (uint16 [N, T])."""
+    """The product's standalone fast decoder, offsets from ROWOFF (uint16 [N, T])."""
     n = tl.program_id(0).to(tl.int64)
     stream = HEAP + tl.load(ESC_START + n)
     rowoff = ROWOFF + n * T
@@ -105,16 +105,11 @@ def _decode_rowoff_kernel(SLOTS, HEAP, ESC_START, ROWOFF, B8, B16, OUT, base_str
     a0, a1, a2, a3 = base_pair_words(B8 + n * base_stride, 0, D)
     c0, c1, c2, c3 = base_pair_words(B16 + n * base_stride, 0, D)
     r = tl.arange(0, TS)[:, None]
-    g = tl.arange(0, D // 8)[None, :]
-    words = (OUT + n * (T * D)).to(tl.pointer_type(tl.uint32))
+    c = tl.arange(0, D)[None, :]
     for sub in tl.static_range(T // TS):
         w0, w1, w2, w3 = _rows_rowoff(SLOTS + n * SLOT_BYTES, stream, rowoff, sub * TS, has_raw,
                                       a0, a1, a2, a3, c0, c1, c2, c3, LO2_OFF, HI1_OFF, TAG_OFF, TS, D, SWAR)
-        p = words + (sub * TS + r) * (D // 2) + 4 * g
-        tl.store(p, w0)
-        tl.store(p + 1, w1)
-        tl.store(p + 2, w2)
-        tl.store(p + 3, w3)
+        tl.store(OUT + n * (T * D) + (sub * TS + r) * D + c, pairs_to_tile(w0, w1, w2, w3, TS, D))  # as the product
 
 
 def row_offsets(slots, geometry):
