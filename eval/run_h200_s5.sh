@@ -20,11 +20,11 @@ timeout 120 python3 eval/experiments/decode_rowoff.py --gpu --out $OUT/decode_ro
 timeout 190 python3 eval/bench_attention.py --out $OUT/attention_h200_decompress2.json --budget-s 140 --max-cases 6 \
   --timer graph --decompress --shapes qwen3-8b 2>&1 | grep -v "^  sweep" | tail -14 | tee $OUT/attention.log
 fi
-if [ "${1:-1}" = 2 ]; then
-for f in auto true; do
-timeout 280 python3 eval/bench_e2e.py --contexts 65536 --batches 1 4 --prefill-reps 1 --steps 10 --prof-steps 2 \
-  --budget-s 250 --fused $f --out $OUT/e2e_h200_64k_$f.json 2>&1 | grep -v Warn | tail -3 | tee -a $OUT/e2e.log
-done
+if [ "${1:-1}" = 2 ]; then  # after reverting the tile store (session 5): codec, row offsets, e2e "auto"
+timeout 100 python3 eval/bench_codec.py --quick --heads 32 --out $OUT/codec_h200_s5.json 2>&1 | tail -3 | tee $OUT/codec.log
+timeout 120 python3 eval/experiments/decode_rowoff.py --gpu --out $OUT/decode_rowoff_h200_tile.json 2>&1 | tail -14 | tee $OUT/rowoff.log
+timeout 300 python3 eval/bench_e2e.py --contexts 65536 --batches 1 4 --prefill-reps 1 --steps 10 --prof-steps 2 \
+  --budget-s 270 --fused auto --out $OUT/e2e_h200_64k_auto.json 2>&1 | grep -v Warn | tail -4 | tee -a $OUT/e2e.log
 fi
 if [ "${1:-1}" = 3 ]; then  # the whole grid (all shapes, B = 1 / 4 / 16) with the current kernels
 timeout 580 python3 eval/bench_attention.py --out $OUT/attention_h200.json --budget-s 520 --timer both --decompress \
