@@ -262,6 +262,7 @@ def main():
     ap.add_argument("--decompress", action="store_true",
                     help="also time the unfused path: decode K/V through the tables, then SDPA cuDNN / FA2")
     ap.add_argument("--shapes", default="", help="comma-separated shape filter, e.g. qwen3-8b")
+    ap.add_argument("--batches", default="", help="comma-separated batch filter, e.g. 4,16")
     args = ap.parse_args()
     global TIMER
     TIMER = "graph" if args.timer == "graph" else "events"
@@ -285,6 +286,9 @@ def main():
     if args.shapes:
         keep = set(args.shapes.split(","))
         cases = [c for c in cases if c[0] in keep]
+    if args.batches:
+        keep_b = {int(x) for x in args.batches.split(",")}
+        cases = [c for c in cases if c[1] in keep_b]
     best = None
     for ci, (shape, B, S) in enumerate(cases):
         if time.time() - t0 > args.budget_s or ci >= args.max_cases:

@@ -1,6 +1,12 @@
 """Plots and alias rows for eval/results/attention_h200.json (runs on the CPU, after the GPU bench).
 
     python eval/plot_attention.py eval/results/attention_h200.json
+    python eval/plot_attention.py OUT.json --merge A.json B.json   # runs of one grid split over GPUs
+
+``--merge`` writes OUT.json from several runs of ``bench_attention.py`` (e.g. one process per GPU of a
+two-GPU host, each on a subset of the cases): their rows, each tagged with ``part`` (the index of the
+run it came from), and per run its command, GPU, launch-config sweep and cut cases under ``parts``.
+Speedups stay per row: every row's baselines were measured in the same process as its GAAC time.
 
 Adds rows for shapes whose attention is identical to a measured one (Llama-3.1-8B = Qwen3-8B:
 32 q / 8 kv heads, d=128), flagged ``alias_of`` (not re-measured), and writes
@@ -16,6 +22,18 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 ALIASES = {"llama-3.1-8b": "qwen3-8b"}
+
+
+def merge(out, paths):
+    runs = [json.loads(Path(x).read_text()) for x in paths]
+    first = runs[0]
+    merged = {k: v for k, v in first.items() if k not in ("rows", "cut", "sweep", "config", "command")}
+    merged["command"] = "python eval/plot_attention.py " + out + " --merge " + " ".join(paths)
+    merged["parts"] = [dict(file=x, command=r.get("command"), gpu=r.get("gpu"), config=r.get("config"),
+                            sweep=r.get("sweep"), cut=r.get("cut", [])) for x, r in zip(paths, runs)]
+    merged["rows"] = [dict(r, part=i) for i, run in enumerate(runs) for r in run["rows"] if "alias_of" not in r]
+    merged["cut"] = [c for run in runs for c in run.get("cut", [])]
+    Path(out).write_text(json.dumps(merged, indent=1))
 
 
 def main(path):
@@ -40,8 +58,9 @@ def main(path):
                     continue
                 x = [r["context"] // 1024 for r in rs]
                 if kind == "us":
-                    for m in ("fa2", "cudnn", "bf16_ours", "gaac"):
-                        ax.plot(x, [r["us"][m] for r in rs], marker="o", label=m)
+                    for m in ("fa2", "cudnn", "bf16_ours", "gaac", "gaac_decompress_cudnn"):
+                        if all(m in r["us"] for r in rs):
+                            ax.plot(x, [r["us"][m] for r in rs], marker="o", label=m)
                     ax.set_yscale("log")
                     ax.set_ylabel("us (median)")
                 else:
@@ -58,5 +77,9 @@ def main(path):
         fig.savefig(p.with_name(p.stem + f"_{kind}.png"), dpi=80)
 
 
-if __name__ == "__main__":
+if __name__ == "__main__" and "--merge" in sys.argv:
+    i = sys.argv.index("--merge")
+    merge(sys.argv[1], sys.argv[i + 1:])
+    main(sys.argv[1])
+elif __name__ == "__main__":
     main(sys.argv[1] if len(sys.argv) > 1 else "eval/results/attention_h200.json")

@@ -26,7 +26,11 @@ timeout 120 python3 eval/experiments/decode_rowoff.py --gpu --out $OUT/decode_ro
 timeout 300 python3 eval/bench_e2e.py --contexts 65536 --batches 1 4 --prefill-reps 1 --steps 10 --prof-steps 2 \
   --budget-s 270 --fused auto --out $OUT/e2e_h200_64k_auto.json 2>&1 | grep -v Warn | tail -4 | tee -a $OUT/e2e.log
 fi
-if [ "${1:-1}" = 3 ]; then  # the whole grid (all shapes, B = 1 / 4 / 16) with the current kernels
-timeout 580 python3 eval/bench_attention.py --out $OUT/attention_h200.json --budget-s 520 --timer both --decompress \
-  2>&1 | grep -v "^  sweep" | tail -30 | tee $OUT/attention.log
+if [ "${1:-1}" = 3 ]; then  # the whole grid on a 2-GPU host (kind nvidia-h200-x2): one process per GPU
+CUDA_VISIBLE_DEVICES=0 timeout 560 python3 eval/bench_attention.py --out $OUT/attention_h200_qwen3.json --budget-s 480 \
+  --timer graph --decompress --shapes qwen3-8b > $OUT/att0.log 2>&1 &
+CUDA_VISIBLE_DEVICES=1 timeout 560 python3 eval/bench_attention.py --out $OUT/attention_h200_small.json --budget-s 480 \
+  --timer graph --decompress --shapes smollm2-135m,gemma3 > $OUT/att1.log 2>&1 &
+wait
+grep -v "^  sweep" $OUT/att0.log | tail -22; grep -v "^  sweep" $OUT/att1.log | tail -22
 fi
