@@ -125,7 +125,20 @@ def install_timers(timers, gaac: bool):
     timers.patch(GAACLayer, "update", "GAACLayer.update")
     timers.patch(GAACLayer, "append", "GAACLayer.append")
     timers.patch(GAACLayer, "kernel_view", "GAACLayer.kernel_view")
-    timers.patch(GAACLayer, "full_kv", "GAACLayer.full_kv (reference path!)")
+    timers.patch(GAACLayer, "full_kv", "GAACLayer.full_kv (decode-then-SDPA path)")
+    timers.patch(GAACLayer, "_full", "GAACLayer._full")
+    timers.patch(ga, "_sdpa", "attention._sdpa (lookup)")
+    import transformers.integrations.sdpa_attention as tsa
+    timers.patch(tsa, "sdpa_attention_forward", "sdpa_attention_forward")
+    timers.patch(torch.nn.functional, "scaled_dot_product_attention", "F.scaled_dot_product_attention")
+    timers.patch(ga, "_no_cudnn", "attention._no_cudnn (ctx build)")
+    try:
+        import gaac_hf.kernels.decode as kd
+        timers.patch(kd, "decode_tables_triton", "decode_tables_triton")
+        timers.patch(kd, "_check_pool", "decode._check_pool")
+        timers.patch(kd._table_decode_kernel, "run", "triton launch: _table_decode_kernel", instance=True)
+    except ImportError:
+        pass
     timers.patch(_BlockPool, "append", "_BlockPool.append (block fill)")
     timers.patch_map(AttentionInterface._global_mapping, "gaac", "gaac_attention_forward")
     timers.patch(ga, "_fused_decode", "_fused_decode")
@@ -399,6 +412,8 @@ def main(argv=None):
     p.add_argument("--crop-steps", type=int, default=8, help="steps of append + crop(-1), as in the first e2e run")
     p.add_argument("--trace-dir", default=None, help="write torch.profiler chrome traces here")
     p.add_argument("--skip-baseline", action="store_true")
+    p.add_argument("--fused", default="true", choices=("true", "auto"),
+                   help="GAACCache(fused=...): 'auto' profiles the decode-then-SDPA steps (context >= FUSED_MAX_TOKENS)")
     p.add_argument("--tiny", action="store_true", help="2-layer model on the CPU: checks the script, measures nothing")
     args = p.parse_args(argv)
     if not torch.cuda.is_available() and not args.tiny:
@@ -431,7 +446,7 @@ def main(argv=None):
         "shapes": {"batch": B, "context": S, "layers": model.config.num_hidden_layers,
                    "q_heads": model.config.num_attention_heads, "kv_heads": model.config.num_key_value_heads,
                    "head_dim": model.config.head_dim, "block_size": table.geometry.block_size,
-                   "escape_capacity": table.geometry.escape_capacity},
+                   "escape_limit": table.geometry.escape_limit},
         "note": "timers = perf_counter wrappers (host time incl. any sync inside); cProfile inflates Python time",
     }
     if dev.type == "cuda":
@@ -449,7 +464,7 @@ def main(argv=None):
     gaac_hf.register()
     model.set_attn_implementation("gaac")
     try:
-        cache = gaac_hf.GAACCache(model.config, calibration=table)
+        cache = gaac_hf.GAACCache(model.config, calibration=table, fused=True if args.fused == "true" else "auto")
         # prefill under the same pinned SDPA backend as the baseline (GAAC's reference prefill path);
         # the decode steps run without it (fused kernel)
         res = profile_cache("gaac", model, cache, ids, nxt, S, B, dev, nullcontext, args, gaac=True, prefill_ctx=flash)

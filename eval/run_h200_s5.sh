@@ -34,3 +34,9 @@ CUDA_VISIBLE_DEVICES=1 timeout 560 python3 eval/bench_attention.py --out $OUT/at
 wait
 grep -v "^  sweep" $OUT/att0.log | tail -22; grep -v "^  sweep" $OUT/att1.log | tail -22
 fi
+if [ "${1:-1}" = 4 ]; then  # host time of the decode step: fused="auto" (decode-then-SDPA) vs fused=True vs DynamicCache
+timeout 280 python3 eval/profile_step.py --context 16384 --fused auto --out $OUT/profile_step_h200_auto16k.json \
+  --steps 20 --timer-steps 10 --prof-steps 4 --torch-prof-steps 3 --kernel-iters 100 --crop-steps 4 2>&1 | grep -v Warn | tail -45
+timeout 200 python3 eval/profile_step.py --context 16384 --fused true --skip-baseline --out $OUT/profile_step_h200_fused16k.json \
+  --steps 20 --timer-steps 10 --prof-steps 4 --torch-prof-steps 3 --kernel-iters 100 --crop-steps 4 2>&1 | grep -v Warn | tail -25
+fi
