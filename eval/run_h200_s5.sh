@@ -40,3 +40,7 @@ timeout 280 python3 eval/profile_step.py --context 16384 --fused auto --out $OUT
 timeout 200 python3 eval/profile_step.py --context 16384 --fused true --skip-baseline --out $OUT/profile_step_h200_fused16k.json \
   --steps 20 --timer-steps 10 --prof-steps 4 --torch-prof-steps 3 --kernel-iters 100 --crop-steps 4 2>&1 | grep -v Warn | tail -25
 fi
+if [ "${1:-1}" = 5 ]; then  # interleaved host-time A/B (DynamicCache, fused, auto, auto without the sdpa_kernel ctx)
+timeout 250 python3 eval/host_ab.py --context 16384 --rounds 3 --out $OUT/host_ab_h200_16k.json 2>&1 | grep -v Warn | tail -16
+timeout 250 python3 eval/host_ab.py --context 65536 --rounds 2 --out $OUT/host_ab_h200_64k.json 2>&1 | grep -v Warn | tail -12
+fi
