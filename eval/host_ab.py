@@ -10,8 +10,10 @@ is either the "auto" path slowing the host for everything after it (allocator, S
 ...) or noise of a shared VM. Here the three modes alternate for ``--rounds`` rounds, each step timed
 (wall, host-synchronised), and after every block of steps a calibration loop of small torch ops
 (``F.linear`` on a [1, 4096] x [4096, 4096] bf16 weight and ``torch.empty``) measures the host's
-per-op cost at that moment. Variants of "auto" isolate its parts: ``auto_nosdpactx`` runs it without
-the ``sdpa_kernel`` backend context (SDPA picks its backend itself; bits may differ, timing only).
+per-op cost at that moment. Modes (``--modes``): ``dynamic_sdpa`` (SDPA's default backends: cuDNN on
+the H200), ``dynamic_sdpa_flash`` (the step under ``sdpa_kernel(FLASH_ATTENTION)``), ``gaac_fused``,
+``gaac_auto`` and ``gaac_auto_nosdpactx`` ("auto" without its cuDNN-off context: SDPA picks its backend
+itself; bits may differ, timing only).
 Same random-init Qwen3-8B-shape model and calibration as eval/bench_e2e.py.
 """
 from __future__ import annotations
@@ -53,6 +55,7 @@ def main(argv=None):
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=12, help="timed steps per mode per round")
+    p.add_argument("--modes", default="dynamic_sdpa,dynamic_sdpa_flash,gaac_fused,gaac_auto")
     p.add_argument("--tiny", action="store_true")
     args = p.parse_args(argv)
     if not torch.cuda.is_available() and not args.tiny:
@@ -72,12 +75,16 @@ def main(argv=None):
     nxt = torch.randint(0, model.config.vocab_size, (B, 1), generator=g).to(dev)
     gaac_hf.register()
     modes = {}
+    wanted = args.modes.split(",")
     for name, impl, mk in (
         ("dynamic_sdpa", "sdpa", lambda: DynamicCache(config=model.config)),
+        ("dynamic_sdpa_flash", "sdpa", lambda: DynamicCache(config=model.config)),
         ("gaac_fused", "gaac", lambda: gaac_hf.GAACCache(model.config, calibration=table, fused=True)),
         ("gaac_auto", "gaac", lambda: gaac_hf.GAACCache(model.config, calibration=table, fused="auto")),
         ("gaac_auto_nosdpactx", "gaac", lambda: gaac_hf.GAACCache(model.config, calibration=table, fused="auto")),
     ):
+        if name not in wanted:
+            continue
         model.set_attn_implementation(impl)
         cache = mk()
         with torch.no_grad():
@@ -91,11 +98,15 @@ def main(argv=None):
         if name == "gaac_auto_nosdpactx":
             ga._no_cudnn = contextlib.nullcontext
         walls = []
+        ctx = contextlib.nullcontext
+        if name == "dynamic_sdpa_flash" and dev.type == "cuda":
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+            ctx = lambda: sdpa_kernel(SDPBackend.FLASH_ATTENTION)  # noqa: E731
         try:
             for _ in range(n):
                 _sync()
                 t0 = time.perf_counter()
-                with torch.no_grad():
+                with torch.no_grad(), ctx():
                     model(nxt, past_key_values=m["cache"], position_ids=m["pos"], logits_to_keep=1)
                 _sync()
                 walls.append(1e6 * (time.perf_counter() - t0))

@@ -44,3 +44,9 @@ if [ "${1:-1}" = 5 ]; then  # interleaved host-time A/B (DynamicCache, fused, au
 timeout 250 python3 eval/host_ab.py --context 16384 --rounds 3 --out $OUT/host_ab_h200_16k.json 2>&1 | grep -v Warn | tail -16
 timeout 250 python3 eval/host_ab.py --context 65536 --rounds 2 --out $OUT/host_ab_h200_64k.json 2>&1 | grep -v Warn | tail -12
 fi
+if [ "${1:-1}" = 6 ]; then  # the light cuDNN-off context: A/B again at 16K / 64K, B = 1 and 4; GPU test of "auto"
+timeout 120 python3 -m pytest -q -x -m gpu tests/test_cache_gpu.py -k "auto" 2>&1 | tail -2
+timeout 150 python3 eval/host_ab.py --context 16384 --rounds 3 --out $OUT/host_ab_h200_16k_v2.json 2>&1 | grep -v Warn | tail -4
+timeout 150 python3 eval/host_ab.py --context 65536 --rounds 2 --out $OUT/host_ab_h200_64k_v2.json 2>&1 | grep -v Warn | tail -4
+timeout 240 python3 eval/host_ab.py --context 65536 --batch 4 --rounds 2 --out $OUT/host_ab_h200_64k_b4.json 2>&1 | grep -v Warn | tail -4
+fi

@@ -139,15 +139,34 @@ def _auto_unfused(layer, kv_len: int) -> bool:
     return layer.fused == "auto" and kv_len >= FUSED_MAX_TOKENS
 
 
-def _no_cudnn():
-    """SDPA backends for the decode-then-SDPA steps of ``fused="auto"``: every backend but cuDNN. With a
-    KV length that grows by one each step, cuDNN's attention costs ~1.2 ms of host time per call on the
-    H200 test VM (DynamicCache + cuDNN: 69.6 ms wall per 36-layer step for 14.7 ms of GPU time, FA2
-    26.9 ms; ``eval/results/e2e_h200_auto.json``), more than its kernel saves over FA2 (76 vs 86 us at
-    64K). Those steps are then bit-identical to DynamicCache + sdpa under the same backend set."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+class _NoCudnn:
+    """Context: SDPA's cuDNN backend switched off, every other backend setting left as it is.
 
-    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+    For the decode-then-SDPA steps of ``fused="auto"``: with a KV length that grows by one each step,
+    cuDNN's attention costs ~1.2 ms of host time per call on the H200 test VM (DynamicCache + cuDNN:
+    69.6 ms wall per 36-layer step for 14.7 ms of GPU time, FA2 26.9 ms; ``eval/results/e2e_h200_auto.json``),
+    more than its kernel saves over FA2 (76 vs 86 us at 64K). Those steps are then bit-identical to
+    DynamicCache + sdpa under the same backend set. One flag read and two writes: ``torch.nn.attention.
+    sdpa_kernel`` did the same job at ~60-90 us of host time per layer on that VM, 2-3 ms per step
+    (``eval/results/host_ab_h200_*.json``, ``gaac_auto`` vs ``gaac_auto_nosdpactx``). Like
+    ``sdpa_kernel``, it sets a process-wide flag for the duration of the call.
+    """
+
+    __slots__ = ("_prev",)
+
+    def __enter__(self):
+        self._prev = torch.backends.cuda.cudnn_sdp_enabled()
+        if self._prev:
+            torch.backends.cuda.enable_cudnn_sdp(False)
+        return self
+
+    def __exit__(self, *exc):
+        if self._prev:
+            torch.backends.cuda.enable_cudnn_sdp(True)
+        return False
+
+
+_no_cudnn = _NoCudnn
 
 
 # Attention kwargs the fused kernel does not implement: their presence means "reference path".

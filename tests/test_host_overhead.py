@@ -366,3 +366,18 @@ def test_auto_long_steps_leave_cudnn_out():
         assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.math_sdp_enabled()
         assert torch.backends.cuda.mem_efficient_sdp_enabled()
     assert torch.backends.cuda.cudnn_sdp_enabled() == before
+    # the user's own backend choices stand (only cuDNN is switched off), also when an error leaves
+    torch.backends.cuda.enable_flash_sdp(False)
+    try:
+        with pytest.raises(RuntimeError, match="inside"):
+            with gattn._no_cudnn():
+                assert not torch.backends.cuda.flash_sdp_enabled() and not torch.backends.cuda.cudnn_sdp_enabled()
+                raise RuntimeError("inside")
+        assert torch.backends.cuda.cudnn_sdp_enabled() == before and not torch.backends.cuda.flash_sdp_enabled()
+        torch.backends.cuda.enable_cudnn_sdp(False)  # already off: stays off
+        with gattn._no_cudnn():
+            pass
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_flash_sdp(True)
+        torch.backends.cuda.enable_cudnn_sdp(before)
