@@ -50,3 +50,7 @@ timeout 150 python3 eval/host_ab.py --context 16384 --rounds 3 --out $OUT/host_a
 timeout 150 python3 eval/host_ab.py --context 65536 --rounds 2 --out $OUT/host_ab_h200_64k_v2.json 2>&1 | grep -v Warn | tail -4
 timeout 240 python3 eval/host_ab.py --context 65536 --batch 4 --rounds 2 --out $OUT/host_ab_h200_64k_b4.json 2>&1 | grep -v Warn | tail -4
 fi
+if [ "${1:-1}" = 7 ]; then  # B=4 64K A/B without the cuDNN DynamicCache (5 caches of 64K x 4 did not fit)
+PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 280 python3 eval/host_ab.py --context 65536 --batch 4 --rounds 2 \
+  --modes dynamic_sdpa_flash,gaac_fused,gaac_auto --out $OUT/host_ab_h200_64k_b4.json 2>&1 | grep -v Warn | tail -9
+fi
