@@ -127,10 +127,10 @@ def _fused_kernel():
 
 
 #: With ``GAACCache(fused="auto")``, decode steps over at least this many cached tokens take the
-#: decode-then-SDPA path (SDPA without its cuDNN backend, see :func:`_no_cudnn`) instead of the fused
-#: kernel. Measured on the H200 (Qwen3-8B shape, B=1, ``eval/results/attention_h200_decompress.json``):
-#: fused 26.7 / 88.0 / 167.6 / 323.4 us vs decode-then-cuDNN 35.5 / 82.2 / 138.9 / 252.1 us at
-#: 4K / 16K / 32K / 64K; at B=4 64K 1,529 vs 929 us.
+#: decode-then-SDPA path (SDPA without its cuDNN backend, see :class:`_NoCudnn`) instead of the fused
+#: kernel. GPU time on the H200 (Qwen3-8B shape, B=1, ``eval/results/attention_h200.json``): fused
+#: 26.7 / 88.5 / 167.2 / 323.1 us vs decode-then-cuDNN 25.6 / 73.1 / 133.7 / 246.3 us at 4K / 16K / 32K
+#: / 64K. Below 16K the gain is too small to pay for the extra launch and SDPA call on the host.
 FUSED_MAX_TOKENS = 16384
 
 

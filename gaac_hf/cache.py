@@ -893,12 +893,13 @@ class GAACCache(Cache):
             (any attention function works); False = always return the tail carrier.
         fused: decode steps (q_len == 1) on CUDA. True (default): the fused Triton kernel. ``"auto"``:
             the fused kernel below ``gaac_hf.attention.FUSED_MAX_TOKENS`` cached tokens,
-            decode-then-SDPA from there on: less GPU time at long contexts on the H200 (64K: 16.8 vs
-            19.4 ms per step at B=1, 41.9 vs 63.2 ms at B=4). Measured with SDPA's default (cuDNN)
-            backend, whose ~1 ms of host time per call made the wall time per step higher on the test
-            VM (``eval/results/e2e_h200_auto.json``); those steps now leave cuDNN out (not yet
-            measured on the GPU). False: never (decode + SDPA, bit-identical to
-            sdpa; use it with attention masks that are not of the left-padding form).
+            decode-then-SDPA (SDPA without its cuDNN backend) from there on: less GPU time at long
+            contexts on the H200 (Qwen3-8B shape, 64K: 16.7 vs 19.4 ms per step at B=1, 41.8 vs
+            63.2 ms at B=4) and less wall time when batched (B=4 64K: 55.2 vs 70.1 ms), ~3 ms more
+            wall time per step at B=1 (``eval/results/host_ab_h200_*.json``). It allocates one layer's
+            decoded K and V per step (bf16 ``2 x [B, H, S, D]``: 1.07 GB at B=4 64K for that shape).
+            False: never (decode + SDPA, bit-identical to sdpa; use it with attention masks that are
+            not of the left-padding form).
         triton_codec: on CUDA, encode and decode blocks with the Triton kernels of
             ``gaac_hf.kernels`` (byte- and bit-identical to the reference codec; default). False
             keeps the reference PyTorch codec everywhere.
