@@ -54,3 +54,9 @@ if [ "${1:-1}" = 7 ]; then  # B=4 64K A/B without the cuDNN DynamicCache (5 cach
 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 280 python3 eval/host_ab.py --context 65536 --batch 4 --rounds 2 \
   --modes dynamic_sdpa_flash,gaac_fused,gaac_auto --out $OUT/host_ab_h200_64k_b4.json 2>&1 | grep -v Warn | tail -9
 fi
+if [ "${1:-1}" = 8 ]; then  # row offsets per block (row_offsets: one scan of T row totals) in all three kernels
+timeout 110 python3 -m pytest -q -x -m gpu tests/ 2>&1 | tail -2 | tee $OUT/pytest_gpu.txt
+timeout 70 python3 eval/bench_codec.py --quick --heads 32 --out $OUT/codec_h200_rowscan.json 2>&1 | tail -3
+timeout 130 python3 eval/bench_attention.py --out $OUT/attention_h200_rowscan.json --budget-s 80 --max-cases 4 \
+  --timer graph --decompress --shapes qwen3-8b --batches 1 2>&1 | grep -v "^  sweep" | tail -8
+fi

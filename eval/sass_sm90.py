@@ -91,10 +91,11 @@ def main():
     p.add_argument("--out", default="eval/results/sass_sm90.json")
     args = p.parse_args()
     rows = []
-    dsig = dict(SLOTS="*u8", HEAP="*u8", ESC_START="*i64", heap_len="i64", B8="*u8", B16="*u8", OUT="*i16", base_stride="i32")
+    dsig = dict(SLOTS="*u8", HEAP="*u8", ESC_START="*i64", heap_len="i64", B8="*u8", B16="*u8", OUT="*i16", ROWOFF="*i16",
+                base_stride="i32")
     pool = lambda i: {f"SLOTS{i}": "*u8", f"HEAP{i}": "*u8", f"ESC_START{i}": "*i64", f"RAW{i}": "*i16",  # noqa: E731
                       f"TABLE{i}": "*i32", f"B8_{i}": "*u8", f"B16_{i}": "*u8", f"TAIL{i}": "*i16"}
-    tsig = dict(**pool(0), **pool(1), OUT="*i16", H="i32", MAXB="i32", S="i32", NB="i32", TAIL_LEN="i32",
+    tsig = dict(**pool(0), **pool(1), OUT="*i16", ROWOFF="*i16", H="i32", MAXB="i32", S="i32", NB="i32", TAIL_LEN="i32",
                 tail_sb="i64", tail_sh="i64", tail_st="i64", kind_stride="i64")
     esig = dict(X="*i16", B8="*u8", B16="*u8", SLOTS="*u8", ESC="*u8", ESC_LEN="*i32", FITS="*i8", TAGS="*i32", base_stride="i32")
     for d in (64, 128, 256):
@@ -118,7 +119,7 @@ def main():
     asig = dict(Qb="*i16", K_SLOTS="*u8", V_SLOTS="*u8", K_HEAP="*u8", V_HEAP="*u8", K_ESC_START="*i64", V_ESC_START="*i64",
                 K_RAW="*i16", V_RAW="*i16", K_TABLE="*i32", V_TABLE="*i32", K_TAIL="*i16", V_TAIL="*i16", KB8="*u8",
                 KB16="*u8", VB8="*u8", VB16="*u8", NUM_BLOCKS="*i32", TAIL_LEN="*i32", KV_START="*i32",
-                PART_O="*fp32", PART_L="*fp32", scale_log2="fp32", MAXB="i32", BPS="i32", S="i32")
+                PART_O="*fp32", PART_L="*fp32", ROWOFF="*i16", scale_log2="fp32", MAXB="i32", BPS="i32", S="i32")
     g = BlockGeometry(64, 128, "channel")
     for mode, ts in ((0, 32), (1, 64)):
         cons = dict(HKV=8, GQ=4, QP=16, SLOT_BYTES=g.slot_bytes, LO2_OFF=g.lo2_offset, HI1_OFF=g.hi1_offset,

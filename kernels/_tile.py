@@ -17,8 +17,9 @@ gathered per element. The lo2 plane is read as little-endian uint16: bytes 2g an
 The one irregular piece is the escape stream, which lives outside the slot in the escape heap (the
 caller passes a pointer to the block's stream): group g's escape bytes start at the exclusive prefix
 sum of the escape counts of groups < g (row-major group order). The format stores no per-group
-offsets, so the prefix sum is computed here per block (``tl.cumsum`` over T*D/8 counts: 1/8 of an op
-per value).
+offsets, so the prefix sum is computed here per block: over T*D/8 counts in the reference-order
+decoder (``tl.cumsum``: 1/8 of an op per value), and in the pair decoder as a scan of the T row totals
+plus two popcounts of each row's tag word (:func:`row_offsets`).
 """
 from __future__ import annotations
 
@@ -26,11 +27,13 @@ import os
 
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 #: True when kernels run through Triton's CPU interpreter (tests). The interpreter does bf16 math and
 #: bf16 tl.dot incorrectly (triton-lang/triton#11584), so kernels then build fp32 operands from the
 #: same bits instead of bf16 ones; the bits entering the dot are unchanged.
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+_SWAR = tl.constexpr(INTERPRET)  # popcount without libdevice (the interpreter has no popc)
 
 
 @triton.jit
@@ -150,37 +153,9 @@ def _bf16_pair(sm16, P, base):
 
 
 @triton.jit
-def group_planes(slot, stream, r0, esc_base, LO2_OFF: tl.constexpr, HI1_OFF: tl.constexpr,
-                 TAG_OFF: tl.constexpr, TS: tl.constexpr, D: tl.constexpr):
-    """The planes of rows [r0, r0+TS) of a slot, per group (``[TS, G]`` tensors): sign|mantissa bytes
-    as two uint32 (values 0-3, 4-7), the lo2 u16 and hi1 byte, the tag, the pointer to the group's
-    escape bytes, its first escape byte (0 for 3-bit groups) and ``tot``: the rows' escape bytes
-    (bits 0-15) plus 65536 per raw group (one scan gives both the offsets and the raw flag)."""
-    Q: tl.constexpr = D // 32
-    G: tl.constexpr = D // 8
-    t = tl.arange(0, TS)[:, None]
-    g = tl.arange(0, G)[None, :]
-    gi = t * G + g
-    sm = tl.load((slot + r0 * D).to(tl.pointer_type(tl.int64)) + gi)
-    smlo = sm.to(tl.uint32)
-    smhi = (sm >> 32).to(tl.uint32)
-    lo2 = tl.load((slot + LO2_OFF).to(tl.pointer_type(tl.uint16)) + r0 * G + gi).to(tl.uint32)
-    hi1 = tl.load(slot + HI1_OFF + r0 * G + gi).to(tl.uint32)
-    tag = (tl.load(slot + TAG_OFF + r0 * Q + t * Q + g // 4).to(tl.int32) >> (2 * (g % 4))) & 3
-    cnt = tl.where(tag == 1, 1, tl.where(tag == 2, 5 + 65536, 0))
-    flat = tl.reshape(cnt, [TS * G])
-    incl = tl.cumsum(flat, 0)
-    tot = tl.max(incl, 0)
-    start = (tl.reshape(incl - flat, [TS, G]) & 0xFFFF) + esc_base
-    esc = stream + start
-    e0 = tl.load(esc, mask=tag > 0, other=0).to(tl.uint32)
-    return smlo, smhi, lo2, hi1, tag, esc, e0, tot
-
-
-@triton.jit
 def planes_to_pairs(smlo, smhi, lo2, hi1, tag, esc, e0, has_raw, b8w0, b8w1, b8w2, b8w3,
                     b16w0, b16w1, b16w2, b16w3):
-    """A group's planes (:func:`group_planes`: sm words, lo2, hi1, tag, escape pointer and first escape
+    """A group's planes (sm words, lo2, hi1, tag, escape pointer and first escape
     byte, ``[TS, G]`` each) -> its 4 uint32 BF16 pair words. ``has_raw``: whether any group of these
     rows is raw (a uniform branch: only then are escape bytes 1-4 read)."""
     E = _code_bytes(lo2, hi1, e0)
@@ -203,28 +178,107 @@ def planes_to_pairs(smlo, smhi, lo2, hi1, tag, esc, e0, has_raw, b8w0, b8w1, b8w
 
 
 @triton.jit
+def _popc(x):
+    """Set bits of each uint32 (``libdevice.popc``; a SWAR count under the CPU interpreter, which lacks it)."""
+    if _SWAR:
+        x = x - ((x >> 1) & 0x55555555)
+        x = (x & 0x33333333) + ((x >> 2) & 0x33333333)
+        x = (x + (x >> 4)) & 0x0F0F0F0F
+        return (x * 0x01010101) >> 24
+    else:
+        return libdevice.popc(x.to(tl.int32, bitcast=True)).to(tl.uint32)
+
+
+@triton.jit
+def _tag_escape_bytes(tw, sel):
+    """Escape bytes of the groups of a row's tag word ``tw`` (group g's 2-bit tag at bits 2g, 2g+1)
+    that ``sel`` selects (its bit 2g set): 1 per 4-bit group (tag 1), 5 per raw group (tag 2)."""
+    lo = tw & 0x55555555
+    hi = (tw >> 1) & 0x55555555
+    ones = lo & (hi ^ 0x55555555) & sel
+    twos = hi & (lo ^ 0x55555555) & sel
+    return _popc(ones) + 5 * _popc(twos)
+
+
+@triton.jit
+def _row_tag_words(slot, rows, TAG_OFF: tl.constexpr, D: tl.constexpr):
+    """The tag words of ``rows`` of a slot as uint32: d=64 one 16-bit word (8 groups), d=128 one 32-bit
+    word (16 groups), d=256 two (groups 0-15, 16-31; the second is 0 for smaller d)."""
+    if D == 64:
+        return tl.load((slot + TAG_OFF).to(tl.pointer_type(tl.uint16)) + rows).to(tl.uint32), 0
+    elif D == 128:
+        return tl.load((slot + TAG_OFF).to(tl.pointer_type(tl.uint32)) + rows), 0
+    else:
+        w = (slot + TAG_OFF).to(tl.pointer_type(tl.uint32)) + 2 * rows
+        return tl.load(w), tl.load(w + 1)
+
+
+@triton.jit
+def row_offsets(slot, rowoff, TAG_OFF: tl.constexpr, T: tl.constexpr, D: tl.constexpr):
+    """Start of each row's escape bytes in the block's stream -> ``rowoff`` (int16 ``[T]`` scratch of
+    this program), and whether the block has a raw group (a scalar).
+
+    The format stores no escape offsets: group g of row t starts at the exclusive prefix of the escape
+    counts before it in row-major order. This splits it into a per-row part, one scan of the T row
+    totals per block (stored here and read back by every sub-tile, hence the barrier), and an in-row
+    part from the row's tag word (:func:`decode_rows_pairs`: two popcounts). It replaced a scan over
+    every group of every sub-tile: sm_90, d=128, -12% instructions and 55 -> 20 barriers in the fast
+    decoder (eval/experiments/decode_rowoff.py, "row scan"). Callers that reuse ``rowoff`` for the
+    next block must not overwrite it before every thread has read it (double-buffer it)."""
+    rows = tl.arange(0, T)
+    tw0, tw1 = _row_tag_words(slot, rows, TAG_OFF, D)
+    tot = _tag_escape_bytes(tw0, 0x55555555)
+    raw = (tw0 >> 1) & (tw0 ^ 0xFFFFFFFF) & 0x55555555
+    if D == 256:
+        tot += _tag_escape_bytes(tw1, 0x55555555)
+        raw = raw | ((tw1 >> 1) & (tw1 ^ 0xFFFFFFFF) & 0x55555555)
+    tl.store(rowoff + rows, (tl.cumsum(tot, 0) - tot).to(tl.int16))
+    tl.debug_barrier()  # the offsets are read back by other threads of the program
+    return tl.max(raw, 0) != 0
+
+
+@triton.jit
 def decode_rows_pairs(
-    slot, stream, r0, esc_base, b8w0, b8w1, b8w2, b8w3, b16w0, b16w1, b16w2, b16w3,
+    slot, stream, rowoff, r0, has_raw, b8w0, b8w1, b8w2, b8w3, b16w0, b16w1, b16w2, b16w3,
     LO2_OFF: tl.constexpr, HI1_OFF: tl.constexpr, TAG_OFF: tl.constexpr,
     TS: tl.constexpr, D: tl.constexpr,
 ):
     """Rows [r0, r0+TS) of a slot written by the encoder (fits == True), whose escape stream starts at
-    ``stream`` (a pointer into the escape heap), -> 4 uint32 ``[TS, G]`` words per group (word m =
-    values 2m, 2m+1 as a BF16 pair, little-endian) and the escape offset after these rows.
+    ``stream`` (a pointer into the escape heap) and whose row offsets :func:`row_offsets` wrote to
+    ``rowoff`` (``has_raw``: its return value), -> 4 uint32 ``[TS, G]`` words per group (word m =
+    values 2m, 2m+1 as a BF16 pair, little-endian).
 
-    Per group: one 8-byte sm load, the lo2/hi1/tag words and its escape byte at the group's
-    prefix-sum offset. The 8 coded exponents become bytes of two words (:func:`_code_bytes`, values
-    0-3 and 4-7) in an order where a pair's two codes are one mask away, and each pair is then a few
-    multiply-adds (:func:`_bf16_pair`); the base is chosen by multiplies, not selects. Counted on
-    sm_90 (``eval/sass_sm90.py``): 0.51 integer-pipe warp-instructions per value at d=128 in the
-    standalone decoder, against 0.67 for the nibble-spreading version it replaced
-    (``eval/experiments/decode_v2.py`` keeps that one and checks both bit for bit).
+    Per group: one 8-byte sm load, the lo2/hi1 words, the row's tag word and its escape byte at
+    rowoff[t] + the escape bytes of the row's earlier groups (two popcounts of the tag word). The 8
+    coded exponents become bytes of two words (:func:`_code_bytes`, values 0-3 and 4-7) in an order
+    where a pair's two codes are one mask away, and each pair is then a few multiply-adds
+    (:func:`_bf16_pair`); the base is chosen by multiplies, not selects.
     """
-    smlo, smhi, lo2, hi1, tag, esc, e0, tot = group_planes(slot, stream, r0, esc_base, LO2_OFF, HI1_OFF, TAG_OFF, TS, D)
-    w0, w1, w2, w3 = planes_to_pairs(smlo, smhi, lo2, hi1, tag, esc, e0, tot >= 65536,
-                                     b8w0, b8w1, b8w2, b8w3, b16w0, b16w1, b16w2, b16w3)
-    return w0, w1, w2, w3, esc_base + (tot & 0xFFFF)
-
+    G: tl.constexpr = D // 8
+    t = tl.arange(0, TS)[:, None]
+    g = tl.arange(0, G)[None, :]
+    gi = t * G + g
+    sm = tl.load((slot + r0 * D).to(tl.pointer_type(tl.int64)) + gi)
+    smlo = sm.to(tl.uint32)
+    smhi = (sm >> 32).to(tl.uint32)
+    lo2 = tl.load((slot + LO2_OFF).to(tl.pointer_type(tl.uint16)) + r0 * G + gi).to(tl.uint32)
+    hi1 = tl.load(slot + HI1_OFF + r0 * G + gi).to(tl.uint32)
+    tw0, tw1 = _row_tag_words(slot, r0 + t, TAG_OFF, D)
+    if D == 256:  # groups 16-31 live in the second word, after all of the first word's escapes
+        upper = g >= 16
+        gg = tl.where(upper, g - 16, g).to(tl.uint32)
+        tw = tl.where(upper, tw1, tw0)
+        pre = _tag_escape_bytes(tw, (tl.full([1, 1], 1, tl.uint32) << (2 * gg)) - 1)
+        pre += tl.where(upper, _tag_escape_bytes(tw0, 0x55555555), 0)
+    else:
+        gg = g.to(tl.uint32)
+        tw = tw0
+        pre = _tag_escape_bytes(tw, (tl.full([1, 1], 1, tl.uint32) << (2 * gg)) - 1)
+    tag = (tw >> (2 * gg)) & 3
+    esc = stream + (tl.load(rowoff + r0 + t).to(tl.int32) + pre.to(tl.int32))
+    e0 = tl.load(esc, mask=tag > 0, other=0).to(tl.uint32)
+    return planes_to_pairs(smlo, smhi, lo2, hi1, tag, esc, e0, has_raw,
+                           b8w0, b8w1, b8w2, b8w3, b16w0, b16w1, b16w2, b16w3)
 
 
 @triton.jit

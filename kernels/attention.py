@@ -81,7 +81,7 @@ import triton.language as tl
 from gaac_hf.codec import pack_escapes
 from gaac_hf.format import BlockGeometry
 
-from ._tile import INTERPRET, base_pair_words, decode_rows_pairs, pairs_to_tile, raw_pair_words
+from ._tile import INTERPRET, base_pair_words, decode_rows_pairs, pairs_to_tile, raw_pair_words, row_offsets
 from .encode import _check_geometry, encode_blocks_triton
 
 NEG = tl.constexpr(-1.0e30)  # finite "minus infinity": fully masked rows stay NaN-free
@@ -89,26 +89,35 @@ NEG = tl.constexpr(-1.0e30)  # finite "minus infinity": fully masked rows stay N
 
 @triton.jit
 def _tile_bits(
-    SLOTS, stream, RAW, TAIL, e, is_blk, vlen, tail_off, r0, esc_base, a0, a1, a2, a3, c0, c1, c2, c3,
+    SLOTS, stream, RAW, TAIL, e, is_blk, vlen, tail_off, r0, rowoff, has_raw, a0, a1, a2, a3, c0, c1, c2, c3,
     SLOT_BYTES: tl.constexpr, LO2_OFF: tl.constexpr, HI1_OFF: tl.constexpr, TAG_OFF: tl.constexpr,
     TS: tl.constexpr, T: tl.constexpr, D: tl.constexpr, KV_MODE: tl.constexpr,
 ):
     """Bits of rows [r0, r0+TS) of one K or V block as int16 ``[TS, D]`` -- decoded from a slot
-    (e >= 0), or loaded from a raw block (e < 0) or the tail -- plus the escape offset after these
-    rows. Both sources produce the same 4 pair words per group, so everything after (the join into
-    the tile, the dot) is one code path: the root of GAAC == BF16 bit identity."""
+    (e >= 0; its row offsets in ``rowoff``, see ``_tile.row_offsets``), or loaded from a raw block
+    (e < 0) or the tail. Both sources produce the same 4 pair words per group, so everything after
+    (the join into the tile, the dot) is one code path: the root of GAAC == BF16 bit identity."""
     if KV_MODE == 0:
         if e >= 0:
-            w0, w1, w2, w3, esc_next = decode_rows_pairs(
-                SLOTS + e.to(tl.int64) * SLOT_BYTES, stream, r0, esc_base, a0, a1, a2, a3, c0, c1, c2, c3,
+            w0, w1, w2, w3 = decode_rows_pairs(
+                SLOTS + e.to(tl.int64) * SLOT_BYTES, stream, rowoff, r0, has_raw, a0, a1, a2, a3, c0, c1, c2, c3,
                 LO2_OFF, HI1_OFF, TAG_OFF, TS, D)
         else:
             w0, w1, w2, w3 = _raw_words(RAW, TAIL, e, is_blk, vlen, tail_off, r0, TS, T, D)
-            esc_next = esc_base
     else:
         w0, w1, w2, w3 = _raw_words(RAW, TAIL, e, is_blk, vlen, tail_off, r0, TS, T, D)
-        esc_next = esc_base
-    return pairs_to_tile(w0, w1, w2, w3, TS, D), esc_next
+    return pairs_to_tile(w0, w1, w2, w3, TS, D)
+
+
+@triton.jit
+def _block_row_offsets(SLOTS, e, rowoff, SLOT_BYTES: tl.constexpr, TAG_OFF: tl.constexpr, T: tl.constexpr,
+                       D: tl.constexpr, KV_MODE: tl.constexpr):
+    """Row offsets of block entry ``e`` into ``rowoff`` when it is a slot; whether it has a raw group."""
+    has_raw = False
+    if KV_MODE == 0:
+        if e >= 0:
+            has_raw = row_offsets(SLOTS + e.to(tl.int64) * SLOT_BYTES, rowoff, TAG_OFF, T, D)
+    return has_raw
 
 
 @triton.jit
@@ -144,6 +153,7 @@ def _attn_split_kernel(
     NUM_BLOCKS, TAIL_LEN, KV_START,  # *int32 [B]
     PART_O,  # *fp32 [B, HQ, S, D]
     PART_L,  # *fp32 [B, HQ, S]
+    ROWOFF,  # *int16 [B * HKV * S, 2 (K, V), 2 (buffers), T]: row-offset scratch of each program
     scale_log2,
     MAXB,
     BPS,  # blocks per split
@@ -206,13 +216,17 @@ def _attn_split_kernel(
         else:
             kstream = K_HEAP
             vstream = V_HEAP
-        kesc = tl.full([], 0, tl.int32)
-        vesc = tl.full([], 0, tl.int32)
-        for sub in tl.static_range(T // TS):  # sub-tiles keep registers small; escapes carried
+        # two scratch buffers per kind, alternating by block: a thread can be writing block blk + 1's
+        # offsets while another still reads block blk's (row_offsets' barrier orders the rest)
+        krow = ROWOFF + ((bh.to(tl.int64) * S + split) * 4 + (blk % 2)) * T
+        vrow = krow + 2 * T
+        khas = _block_row_offsets(K_SLOTS, ek, krow, SLOT_BYTES, TAG_OFF, T, D, KV_MODE)
+        vhas = _block_row_offsets(V_SLOTS, ev, vrow, SLOT_BYTES, TAG_OFF, T, D, KV_MODE)
+        for sub in tl.static_range(T // TS):  # sub-tiles keep registers small
             r0 = sub * TS
-            kt, kesc = _tile_bits(K_SLOTS, kstream, K_RAW, K_TAIL, ek, is_blk, vlen, tail_off, r0, kesc,
-                                  ka0, ka1, ka2, ka3, kc0, kc1, kc2, kc3,
-                                  SLOT_BYTES, LO2_OFF, HI1_OFF, TAG_OFF, TS, T, D, KV_MODE)
+            kt = _tile_bits(K_SLOTS, kstream, K_RAW, K_TAIL, ek, is_blk, vlen, tail_off, r0, krow, khas,
+                            ka0, ka1, ka2, ka3, kc0, kc1, kc2, kc3,
+                            SLOT_BYTES, LO2_OFF, HI1_OFF, TAG_OFF, TS, T, D, KV_MODE)
             s = tl.dot(qm, tl.trans(_as_dot_operand(kt, FP32_DOT))) * scale_log2  # [QP, TS]
             valid = tok + r0 < vlen
             if HAS_START:
@@ -222,9 +236,9 @@ def _attn_split_kernel(
             alpha = tl.exp2(m_i - m_new)
             p = tl.where(valid[None, :], tl.exp2(s - m_new[:, None]), 0.0)
             l_i = l_i * alpha + tl.sum(p, 1)
-            vt, vesc = _tile_bits(V_SLOTS, vstream, V_RAW, V_TAIL, ev, is_blk, vlen, tail_off, r0, vesc,
-                                  va0, va1, va2, va3, vc0, vc1, vc2, vc3,
-                                  SLOT_BYTES, LO2_OFF, HI1_OFF, TAG_OFF, TS, T, D, KV_MODE)
+            vt = _tile_bits(V_SLOTS, vstream, V_RAW, V_TAIL, ev, is_blk, vlen, tail_off, r0, vrow, vhas,
+                            va0, va1, va2, va3, vc0, vc1, vc2, vc3,
+                            SLOT_BYTES, LO2_OFF, HI1_OFF, TAG_OFF, TS, T, D, KV_MODE)
             if FP32_DOT:
                 pv = tl.dot(p, _as_dot_operand(vt, FP32_DOT))
             else:
@@ -346,30 +360,35 @@ def _pow2(n: int) -> int:
     return triton.next_power_of_2(n)
 
 
-# Split-kernel scratch (part_o, part_l), reused from call to call: key -> (splits, part_o, part_l).
-# Safe because the key holds the CUDA stream: on one stream the merge kernel of a call has read the
-# partials before the next call's split kernel overwrites them (stream order). CPU calls run
-# synchronously. Calls made while a CUDA graph is being captured allocate their own.
+# Split-kernel scratch (part_o, part_l, rowoff), reused from call to call: key -> (splits, part_o,
+# part_l, rowoff). Safe because the key holds the CUDA stream: on one stream the merge kernel of a
+# call has read the partials before the next call's split kernel overwrites them (stream order), and
+# rowoff is private to each program of one launch. CPU calls run synchronously. Calls made while a
+# CUDA graph is being captured allocate their own.
 _SCRATCH: dict = {}
 _SCRATCH_KEYS_MAX = 32
 
 
-def _partials(B: int, HQ: int, S: int, D: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def _partials(B: int, HQ: int, HKV: int, S: int, T: int, D: int,
+              device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def make():
+        return (torch.empty(B, HQ, S, D, dtype=torch.float32, device=device),
+                torch.empty(B, HQ, S, dtype=torch.float32, device=device),
+                torch.empty(B * HKV * S, 4, T, dtype=torch.int16, device=device))
+
     if device.type == "cuda":
         if torch.cuda.is_current_stream_capturing():
-            return (torch.empty(B, HQ, S, D, dtype=torch.float32, device=device),
-                    torch.empty(B, HQ, S, dtype=torch.float32, device=device))
+            return make()
         idx = device.index if device.index is not None else torch.cuda.current_device()
-        key = (device.type, idx, torch._C._cuda_getCurrentRawStream(idx), B, HQ, D)
+        key = (device.type, idx, torch._C._cuda_getCurrentRawStream(idx), B, HQ, HKV, T, D)
     else:
-        key = (device.type, device.index, 0, B, HQ, D)
+        key = (device.type, device.index, 0, B, HQ, HKV, T, D)
     hit = _SCRATCH.get(key)
     if hit is None or hit[0] != S:
         if hit is None and len(_SCRATCH) >= _SCRATCH_KEYS_MAX:
             _SCRATCH.clear()
-        hit = _SCRATCH[key] = (S, torch.empty(B, HQ, S, D, dtype=torch.float32, device=device),
-                               torch.empty(B, HQ, S, dtype=torch.float32, device=device))
-    return hit[1], hit[2]
+        hit = _SCRATCH[key] = (S, *make())
+    return hit[1], hit[2], hit[3]
 
 
 def _launch(
@@ -406,7 +425,7 @@ def _launch(
     dev = q.device
     S = num_splits or default_num_splits(B, HKV, NB, dev)
     BPS = (NB + 1 + S - 1) // S  # splits cover blocks [0, NB] (block NB of a full sequence = its tail)
-    part_o, part_l = _partials(B, HQ, S, D, dev)
+    part_o, part_l, rowoff = _partials(B, HQ, HKV, S, T, D, dev)
     if out is None:
         out = torch.empty(B, HQ, D, dtype=torch.bfloat16, device=dev)
     has_start = kv_start is not None
@@ -414,7 +433,7 @@ def _launch(
     kern = _attn_split_kernel[(B * HKV, S)](
         _as_i16(q), k_slots, v_slots, k_heap, v_heap, k_esc_start, v_esc_start, _as_i16(k_raw), _as_i16(v_raw), k_table, v_table,
         _as_i16(k_tail), _as_i16(v_tail), kb8, kb16, vb8, vb16,
-        num_blocks, tail_len, kv_start if has_start else num_blocks, part_o, part_l,
+        num_blocks, tail_len, kv_start if has_start else num_blocks, part_o, part_l, rowoff,
         scale * 1.4426950408889634, MAXB, BPS, S,
         HKV=HKV, GQ=GQ, QP=QP, SLOT_BYTES=SLOT_BYTES, LO2_OFF=LO2_OFF, HI1_OFF=HI1_OFF,
         TAG_OFF=TAG_OFF, T=T, D=D, KV_MODE=kv_mode,

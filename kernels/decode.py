@@ -15,26 +15,27 @@ import triton.language as tl
 
 from gaac_hf.format import BlockGeometry
 
-from ._tile import base_pair_words, decode_block_bits, decode_rows_pairs, pairs_to_tile, tile_index
+from ._tile import base_pair_words, decode_block_bits, decode_rows_pairs, pairs_to_tile, row_offsets, tile_index
 from .encode import _bases, _check_geometry
 
 
 @triton.jit
-def _fast_block(dst, slot, stream, B8, B16, h, LO2_OFF: tl.constexpr, HI1_OFF: tl.constexpr,
+def _fast_block(dst, slot, stream, B8, B16, h, rowoff, LO2_OFF: tl.constexpr, HI1_OFF: tl.constexpr,
                 TAG_OFF: tl.constexpr, T: tl.constexpr, D: tl.constexpr, TS: tl.constexpr):
     """One fitting block (slot, its escape ``stream``, bases row ``h`` of ``B8``/``B16``) -> int16
-    ``[T, D]`` rows at ``dst``, in sub-tiles of TS rows with the attention kernel's pair decoder."""
+    ``[T, D]`` rows at ``dst``, in sub-tiles of TS rows with the attention kernel's pair decoder
+    (``rowoff``: this program's int16 ``[T]`` scratch for the block's row offsets)."""
     a0, a1, a2, a3 = base_pair_words(B8, h, D)
     c0, c1, c2, c3 = base_pair_words(B16, h, D)
-    esc = tl.full([], 0, tl.int32)
+    has_raw = row_offsets(slot, rowoff, TAG_OFF, T, D)
     r = tl.arange(0, TS)[:, None]
     c = tl.arange(0, D)[None, :]
     # Stored as an int16 tile: one layout conversion through shared memory, then 16-byte coalesced row
     # stores. Storing the 4 pair words of each group directly (4 strided 4-byte stores) was slower on
     # the H200: 1,290 vs 1,635 GB/s at d=128 (codec_h200_words.json vs codec_h200_defaults.json).
     for sub in tl.static_range(T // TS):
-        w0, w1, w2, w3, esc = decode_rows_pairs(slot, stream, sub * TS, esc, a0, a1, a2, a3, c0, c1, c2, c3,
-                                                LO2_OFF, HI1_OFF, TAG_OFF, TS, D)
+        w0, w1, w2, w3 = decode_rows_pairs(slot, stream, rowoff, sub * TS, has_raw, a0, a1, a2, a3, c0, c1, c2, c3,
+                                           LO2_OFF, HI1_OFF, TAG_OFF, TS, D)
         tl.store(dst + (sub * TS + r) * D + c, pairs_to_tile(w0, w1, w2, w3, TS, D))
 
 
@@ -47,6 +48,7 @@ def _decode_kernel(
     B8,  # *uint8 [N or 1, D]
     B16,
     OUT,  # *int16 [N, T, D]
+    ROWOFF,  # *int16 [N, T]: scratch of the fast path (row offsets)
     base_stride,
     SLOT_BYTES: tl.constexpr,
     LO2_OFF: tl.constexpr,
@@ -61,7 +63,7 @@ def _decode_kernel(
     esc0 = tl.load(ESC_START + n)
     if FAST:  # attention's pair decoder, whole block in sub-tiles of TS rows
         _fast_block(OUT + n * (T * D), SLOTS + n * SLOT_BYTES, HEAP + esc0, B8 + n * base_stride,
-                    B16 + n * base_stride, 0, LO2_OFF, HI1_OFF, TAG_OFF, T, D, TS)
+                    B16 + n * base_stride, 0, ROWOFF + n * T, LO2_OFF, HI1_OFF, TAG_OFF, T, D, TS)
     else:
         grp, elem, chan, t, q, i, j = tile_index(T, D)
         b8 = tl.load(B8 + n * base_stride + chan).to(tl.int32)
@@ -137,7 +139,8 @@ def decode_blocks_triton(
         ts, warps = t, num_warps or max(4, t * d // 1024)
     if n:
         _decode_kernel[(n,)](
-            slots.contiguous(), heap, esc_start, heap_len, b8, b16, out.view(torch.int16), s8,
+            slots.contiguous(), heap, esc_start, heap_len, b8, b16, out.view(torch.int16),
+            torch.empty(n if fast else 1, t, dtype=torch.int16, device=slots.device), s8,
             SLOT_BYTES=g.slot_bytes, LO2_OFF=g.lo2_offset, HI1_OFF=g.hi1_offset, TAG_OFF=g.tag_offset, T=t, D=d, FAST=fast, TS=ts,
             num_warps=warps,
         )
@@ -152,6 +155,7 @@ def _table_decode_kernel(
     # RAW *int16 [num_raw, T, D]; TABLE *int32 [B, H, MAXB] (e >= 0 slot, e < 0 raw row -1-e);
     # B8/B16 *uint8 [H, D]; TAIL *int16 rows after the blocks (strides tail_sb, tail_sh, tail_st)
     OUT,  # *int16 [NKIND, B, H, S, D]
+    ROWOFF,  # *int16 [NKIND, NB, B * H, T]: scratch (row offsets of each slot program)
     H, MAXB, S, NB, TAIL_LEN, tail_sb, tail_sh, tail_st, kind_stride,
     SLOT_BYTES: tl.constexpr,
     LO2_OFF: tl.constexpr,
@@ -176,8 +180,9 @@ def _table_decode_kernel(
             slots = tl.where(kind == 0, SLOTS0, SLOTS1)
             heap = tl.where(kind == 0, HEAP0, HEAP1)
             esc_start = tl.where(kind == 0, ESC_START0, ESC_START1)
+            rowoff = ROWOFF + ((kind * NB + j) * tl.num_programs(0) + bh) * T
             _fast_block(dst, slots + e * SLOT_BYTES, heap + tl.load(esc_start + e), tl.where(kind == 0, B8_0, B8_1),
-                        tl.where(kind == 0, B16_0, B16_1), h, LO2_OFF, HI1_OFF, TAG_OFF, T, D, TS)
+                        tl.where(kind == 0, B16_0, B16_1), h, rowoff, LO2_OFF, HI1_OFF, TAG_OFF, T, D, TS)
         else:  # a raw-fallback block: copied as it is
             src = tl.where(kind == 0, RAW0, RAW1) + (-1 - e) * (T * D)
             for sub in tl.static_range(T // TS):
@@ -283,7 +288,8 @@ def decode_tables_triton(
         _table_decode_kernel[grid](
             k[0], k[1], k[2], k[3].view(i16), k[4], k[5].contiguous(), k[6].contiguous(), kt.view(i16),
             v[0], v[1], v[2], v[3].view(i16), v[4], v[5].contiguous(), v[6].contiguous(), vt.view(i16),
-            out.view(i16), h, maxb, s, num_blocks, tl_len, *strides, b * h * s * d,
+            out.view(i16), torch.empty(n * max(num_blocks, 1) * b * h, t, dtype=i16, device=out.device),
+            h, maxb, s, num_blocks, tl_len, *strides, b * h * s * d,
             SLOT_BYTES=g.slot_bytes, LO2_OFF=g.lo2_offset, HI1_OFF=g.hi1_offset, TAG_OFF=g.tag_offset,
             T=t, D=d, TS=min(tile_tokens or (16 if d <= 64 else 8), t), num_warps=num_warps or max(2, d // 64),
         )

@@ -16,7 +16,9 @@ import json, math, os, sys, time
 import torch, triton, triton.language as tl
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from gaac_hf.kernels import attention as A
-from gaac_hf.kernels._tile import INTERPRET, base_pair_words, decode_rows_pairs, pairs_to_tile, raw_pair_words
+from gaac_hf.kernels._tile import INTERPRET, base_pair_words, pairs_to_tile, raw_pair_words
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _scan_decoder import decode_rows_pairs  # the version measured here
 from gaac_hf.kernels.attention import NEG, _as_dot_operand, _as_i16, _merge_kernel, _raw_words
 
 

@@ -112,6 +112,68 @@ def _decode_rowoff_kernel(SLOTS, HEAP, ESC_START, ROWOFF, B8, B16, OUT, base_str
         tl.store(OUT + n * (T * D) + (sub * TS + r) * D + c, pairs_to_tile(w0, w1, w2, w3, TS, D))  # as the product
 
 
+@triton.jit
+def _row_totals(slot, rows, TAG_OFF: tl.constexpr, D: tl.constexpr, SWAR: tl.constexpr):
+    """Escape bytes of each of ``rows`` of a slot (from its tag words) and whether the row has a raw group."""
+    if D == 64:
+        tw = tl.load((slot + TAG_OFF).to(tl.pointer_type(tl.uint16)) + rows).to(tl.uint32)
+        tot = _in_row_prefix(tw, 0, SWAR, True)
+        raw = (tw >> 1) & (tw ^ 0xFFFFFFFF) & 0x5555
+    elif D == 128:
+        tw = tl.load((slot + TAG_OFF).to(tl.pointer_type(tl.uint32)) + rows)
+        tot = _in_row_prefix(tw, 0, SWAR, True)
+        raw = (tw >> 1) & (tw ^ 0xFFFFFFFF) & 0x55555555
+    else:
+        w32 = (slot + TAG_OFF).to(tl.pointer_type(tl.uint32)) + 2 * rows
+        tw0 = tl.load(w32)
+        tw1 = tl.load(w32 + 1)
+        tot = _in_row_prefix(tw0, 0, SWAR, True) + _in_row_prefix(tw1, 0, SWAR, True)
+        raw = ((tw0 >> 1) & (tw0 ^ 0xFFFFFFFF) & 0x55555555) | ((tw1 >> 1) & (tw1 ^ 0xFFFFFFFF) & 0x55555555)
+    return tot, raw
+
+
+@triton.jit
+def _decode_rowscan_kernel(SLOTS, HEAP, ESC_START, SCRATCH, B8, B16, OUT, base_stride,
+                           SLOT_BYTES: tl.constexpr, LO2_OFF: tl.constexpr, HI1_OFF: tl.constexpr,
+                           TAG_OFF: tl.constexpr, T: tl.constexpr, D: tl.constexpr, TS: tl.constexpr,
+                           SWAR: tl.constexpr):
+    """No format change: the block's row offsets are computed once per block (one scan of T row
+    totals from the tag words) into a per-program SCRATCH row (int32 [grid, T]), then read per
+    sub-tile as the row-offset decoder reads its stored ones."""
+    n = tl.program_id(0).to(tl.int64)
+    slot = SLOTS + n * SLOT_BYTES
+    stream = HEAP + tl.load(ESC_START + n)
+    rows = tl.arange(0, T)
+    tot, raw = _row_totals(slot, rows, TAG_OFF, D, SWAR)
+    ex = tl.cumsum(tot, 0) - tot
+    has_raw = tl.max(raw, 0) != 0
+    rowoff = SCRATCH + n * T
+    tl.store(rowoff + rows, ex.to(tl.int32))
+    tl.debug_barrier()  # the scratch row is read back by other threads of the program
+    a0, a1, a2, a3 = base_pair_words(B8 + n * base_stride, 0, D)
+    c0, c1, c2, c3 = base_pair_words(B16 + n * base_stride, 0, D)
+    r = tl.arange(0, TS)[:, None]
+    c = tl.arange(0, D)[None, :]
+    for sub in tl.static_range(T // TS):
+        w0, w1, w2, w3 = _rows_rowoff(slot, stream, rowoff, sub * TS, has_raw,
+                                      a0, a1, a2, a3, c0, c1, c2, c3, LO2_OFF, HI1_OFF, TAG_OFF, TS, D, SWAR)
+        tl.store(OUT + n * (T * D) + (sub * TS + r) * D + c, pairs_to_tile(w0, w1, w2, w3, TS, D))
+
+
+def decode_rowscan(slots, heap, esc_start, base8, base16, geometry, tile_tokens=8, num_warps=2):
+    import torch
+    g = geometry
+    n = slots.shape[0]
+    out = torch.full((n, g.block_size, g.head_dim), float("nan"), dtype=torch.bfloat16, device=slots.device)
+    scratch = torch.empty(n, g.block_size, dtype=torch.int32, device=slots.device)
+    _decode_rowscan_kernel[(n,)](slots, heap, esc_start, scratch, base8, base16, out.view(torch.int16),
+                                 base8.shape[-1] if base8.dim() > 1 else 0,
+                                 SLOT_BYTES=g.slot_bytes, LO2_OFF=g.lo2_offset, HI1_OFF=g.hi1_offset,
+                                 TAG_OFF=g.tag_offset, T=g.block_size, D=g.head_dim, TS=tile_tokens,
+                                 SWAR=INTERPRET, num_warps=num_warps)
+    return out
+
+
 def row_offsets(slots, geometry):
     """uint16 [N, T] (as int16 bits): exclusive prefix of each block's escape bytes per row, top bit of
     row 0 set when the block has a raw group. From the slots' tag planes (d=128: 4 tag bytes per row)."""
@@ -172,6 +234,11 @@ def _check_cpu_dim(d):
     got = decode_rowoff(slots, heap, start, b8[heads][fit].contiguous(), b16[heads][fit].contiguous(), g,
                         tile_tokens=16 if d <= 64 else 8, num_warps=max(2, d // 64))
     same = torch.equal(got.view(torch.int16), want.view(torch.int16))
+    got2 = decode_rowscan(slots, heap, start, b8[heads][fit].contiguous(), b16[heads][fit].contiguous(), g,
+                          tile_tokens=16 if d <= 64 else 8, num_warps=max(2, d // 64))
+    same2 = torch.equal(got2.view(torch.int16), want.view(torch.int16))
+    print(f"d={d} in-kernel row scan bit-exact vs reference: {same2}")
+    same = same and same2
     print(f"d={d} blocks={int(fit.sum())}/{fit.numel()} modes 3/4/raw={[round(m, 3) for m in modes]} "
           f"row-offset decoder bit-exact vs reference: {same}")
     return same
@@ -190,10 +257,14 @@ def _sass_dim(S, g, Dm):
     d = g.head_dim
     w, ts = max(2, d // 64), (16 if d <= 64 else 8)  # the product's fast-decoder launch defaults
     geo = dict(SLOT_BYTES=g.slot_bytes, LO2_OFF=g.lo2_offset, HI1_OFF=g.hi1_offset, TAG_OFF=g.tag_offset, T=64, D=d, TS=ts)
-    psig = dict(SLOTS="*u8", HEAP="*u8", ESC_START="*i64", heap_len="i64", B8="*u8", B16="*u8", OUT="*i16", base_stride="i32")
+    psig = dict(SLOTS="*u8", HEAP="*u8", ESC_START="*i64", heap_len="i64", B8="*u8", B16="*u8", OUT="*i16", ROWOFF="*i16",
+                base_stride="i32")
     rsig = dict(SLOTS="*u8", HEAP="*u8", ESC_START="*i64", ROWOFF="*i16", B8="*u8", B16="*u8", OUT="*i16", base_stride="i32")
-    for name, info in (("product (scan)", S.inspect(S.compile90(Dm._decode_kernel, psig, dict(geo, FAST=True), w))),
-                       ("row offsets", S.inspect(S.compile90(_decode_rowoff_kernel, rsig, dict(geo, SWAR=False), w)))):
+    for name, info in (("product", S.inspect(S.compile90(Dm._decode_kernel, psig, dict(geo, FAST=True), w))),
+                       ("row offsets", S.inspect(S.compile90(_decode_rowoff_kernel, rsig, dict(geo, SWAR=False), w))),
+                       ("row scan", S.inspect(S.compile90(_decode_rowscan_kernel, dict(rsig, ROWOFF=None) and
+                                                          {k if k != "ROWOFF" else "SCRATCH": (v if k != "ROWOFF" else "*i32")
+                                                           for k, v in rsig.items()}, dict(geo, SWAR=False), w)))):
         pv = S.per_value(info, w, 64 * d)
         print(f"d={d} w{w} ts{ts} {name:15s} regs {info['regs']:3d} sass {info['sass_total']:5d} BAR {info['barriers']:3d} "
               f"warp-instr/value {pv['warp_instr_per_value']:.3f} INT {pv['int_warp_instr_per_value']:.3f} "
