@@ -39,6 +39,30 @@ def _fast_block(dst, slot, stream, B8, B16, h, rowoff, LO2_OFF: tl.constexpr, HI
         tl.store(dst + (sub * TS + r) * D + c, pairs_to_tile(w0, w1, w2, w3, TS, D))
 
 
+# Row-offset scratch of the fast decoders (``_tile.row_offsets``: int16 [programs, T]), kept per
+# (device, stream) and grown when too small: the decode-then-SDPA path calls the table decoder once per
+# layer and step, and an allocation there is host time. Reuse is safe in stream order (a launch's
+# programs are done with their rows before the next launch on that stream starts); calls made while a
+# CUDA graph is being captured allocate their own.
+_ROW_SCRATCH: dict = {}
+
+
+def _row_scratch(numel: int, device: torch.device) -> torch.Tensor:
+    if device.type == "cuda":
+        if torch.cuda.is_current_stream_capturing():
+            return torch.empty(numel, dtype=torch.int16, device=device)
+        idx = device.index if device.index is not None else torch.cuda.current_device()
+        key = (idx, torch._C._cuda_getCurrentRawStream(idx))
+    else:
+        key = (device.type, device.index)
+    buf = _ROW_SCRATCH.get(key)
+    if buf is None or buf.numel() < numel:
+        if buf is None and len(_ROW_SCRATCH) >= 32:
+            _ROW_SCRATCH.clear()
+        buf = _ROW_SCRATCH[key] = torch.empty(max(numel, 4096), dtype=torch.int16, device=device)
+    return buf
+
+
 @triton.jit
 def _decode_kernel(
     SLOTS,  # *uint8 [N, SLOT_BYTES]
@@ -140,7 +164,7 @@ def decode_blocks_triton(
     if n:
         _decode_kernel[(n,)](
             slots.contiguous(), heap, esc_start, heap_len, b8, b16, out.view(torch.int16),
-            torch.empty(n if fast else 1, t, dtype=torch.int16, device=slots.device), s8,
+            _row_scratch((n if fast else 1) * t, slots.device), s8,
             SLOT_BYTES=g.slot_bytes, LO2_OFF=g.lo2_offset, HI1_OFF=g.hi1_offset, TAG_OFF=g.tag_offset, T=t, D=d, FAST=fast, TS=ts,
             num_warps=warps,
         )
@@ -288,7 +312,7 @@ def decode_tables_triton(
         _table_decode_kernel[grid](
             k[0], k[1], k[2], k[3].view(i16), k[4], k[5].contiguous(), k[6].contiguous(), kt.view(i16),
             v[0], v[1], v[2], v[3].view(i16), v[4], v[5].contiguous(), v[6].contiguous(), vt.view(i16),
-            out.view(i16), torch.empty(n * max(num_blocks, 1) * b * h, t, dtype=i16, device=out.device),
+            out.view(i16), _row_scratch(n * max(num_blocks, 1) * b * h * t, out.device),
             h, maxb, s, num_blocks, tl_len, *strides, b * h * s * d,
             SLOT_BYTES=g.slot_bytes, LO2_OFF=g.lo2_offset, HI1_OFF=g.hi1_offset, TAG_OFF=g.tag_offset,
             T=t, D=d, TS=min(tile_tokens or (16 if d <= 64 else 8), t), num_warps=num_warps or max(2, d // 64),

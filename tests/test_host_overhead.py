@@ -162,6 +162,34 @@ def test_prefill_leaves_headroom_not_counted_as_resident():
                                      + st2["escape_bytes"])
 
 
+def test_decoder_row_scratch_is_reused_and_grown():
+    """The fast decoders' row-offset scratch (kernels.decode._row_scratch) is one buffer per device and
+    stream: a smaller call reuses it, a larger one grows it, and the bits are those of the data."""
+    import gaac_hf.kernels.decode as Dk
+    from gaac_hf.codec import encode_blocks, pack_escapes
+    from gaac_hf.kernels.synth import calibrate, synthetic_kv
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: the Triton interpreter (conftest.py)
+    geom = BlockGeometry(block_size=16, head_dim=64)
+    x = synthetic_kv((1, 1, 16 * 300, 64), "k", seed=3, device=dev)[0, 0].reshape(300, 16, 64)
+    b8, b16 = calibrate(x.reshape(1, 1, -1, 64))
+    b8, b16 = b8[0], b16[0]
+    enc = encode_blocks(x, b8, b16, geom)
+    assert bool(enc.fits.all())
+    heap, start = pack_escapes(enc.escapes, enc.escape_len)
+    Dk._ROW_SCRATCH.clear()
+    small = Dk.decode_blocks_triton(enc.slots[:2], (heap, start[:2]), b8, b16, geom, fast=True)
+    buf = next(iter(Dk._ROW_SCRATCH.values()))
+    assert buf.numel() == 4096  # the floor: 2 blocks x 16 rows need 32
+    again = Dk.decode_blocks_triton(enc.slots[:2], (heap, start[:2]), b8, b16, geom, fast=True)
+    assert next(iter(Dk._ROW_SCRATCH.values())) is buf
+    big = Dk.decode_blocks_triton(enc.slots, (heap, start), b8, b16, geom, fast=True)  # 300 x 16 > 4096
+    assert len(Dk._ROW_SCRATCH) == 1 and next(iter(Dk._ROW_SCRATCH.values())).numel() == 300 * 16
+    bits = x.view(torch.int16)
+    assert torch.equal(small.view(torch.int16), bits[:2]) and torch.equal(again.view(torch.int16), bits[:2])
+    assert torch.equal(big.view(torch.int16), bits)
+
+
 def test_launcher_scratch_reuse_and_last_launch():
     from gaac_hf.kernels.synth import calibrate, synthetic_kv
 
