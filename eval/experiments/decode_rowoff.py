@@ -11,7 +11,9 @@ one uint16 per block row: the exclusive prefix of the block's escape bytes at th
 row 0 = "a raw group in this block" (computed here on the host from the slots, ``row_offsets``).
 Group g's offset in row t is then row_off[t] + popc(ones & below_g) + 5 * popc(twos & below_g), with
 ones / twos the 4-bit / raw tags of the row's tag bits (2, 4 or 8 bytes per row at d = 64 / 128 / 256).
-Triton's CPU interpreter lacks ``libdevice.popc``; under it a SWAR popcount stands in (same values).
+Triton's CPU interpreter lacks ``libdevice.popc``; under it a SWAR popcount stands in (same values;
+the product's ``_tile._popc``). The product now computes these offsets per block in the kernel
+(``_tile.row_offsets``, "row scan" here), without a format change.
 Not a product path: the format change it measures is not made.
 """
 from __future__ import annotations
@@ -24,35 +26,18 @@ if __name__ == "__main__" and "--sass" not in sys.argv and "--gpu" not in sys.ar
 
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
 
-from gaac_hf.kernels._tile import INTERPRET, base_pair_words, pairs_to_tile, planes_to_pairs
-
-
-@triton.jit
-def _popc(x, SWAR: tl.constexpr):
-    if SWAR:  # the interpreter has no popc
-        x = x - ((x >> 1) & 0x55555555)
-        x = (x & 0x33333333) + ((x >> 2) & 0x33333333)
-        x = (x + (x >> 4)) & 0x0F0F0F0F
-        return (x * 0x01010101) >> 24
-    else:
-        return libdevice.popc(x.to(tl.int32, bitcast=True)).to(tl.uint32)
+from gaac_hf.kernels._tile import INTERPRET, _tag_escape_bytes, base_pair_words, pairs_to_tile, planes_to_pairs
 
 
 @triton.jit
 def _in_row_prefix(tw, g, SWAR: tl.constexpr, WHOLE: tl.constexpr = False):
     """Escape bytes of the groups before group g (< 16) of a 32-bit tag word (all 16 groups if WHOLE):
-    1 per 4-bit group (tag 1), 5 per raw group (tag 2)."""
-    lo = tw & 0x55555555
-    hi = (tw >> 1) & 0x55555555
-    ones = lo & (hi ^ 0x55555555)  # tag 1: low bit set, high bit clear
-    twos = hi & (lo ^ 0x55555555)  # tag 2
-    if not WHOLE:
-        below = (tl.full([1, 1], 1, tl.uint32) << (2 * g).to(tl.uint32)) - 1
-        ones = ones & below
-        twos = twos & below
-    return _popc(ones, SWAR) + 5 * _popc(twos, SWAR)
+    the product's popcount helper (``_tile._tag_escape_bytes``; SWAR under the interpreter there)."""
+    if WHOLE:
+        return _tag_escape_bytes(tw, 0x55555555)
+    else:
+        return _tag_escape_bytes(tw, (tl.full([1, 1], 1, tl.uint32) << (2 * g).to(tl.uint32)) - 1)
 
 
 @triton.jit
