@@ -238,6 +238,22 @@ def row_offsets(slot, rowoff, TAG_OFF: tl.constexpr, T: tl.constexpr, D: tl.cons
 
 
 @triton.jit
+def group_plane_words(slot, r0, LO2_OFF: tl.constexpr, HI1_OFF: tl.constexpr, TS: tl.constexpr, D: tl.constexpr):
+    """The per-group plane words of rows [r0, r0+TS) of a slot, ``[TS, G]`` uint32 each: the 8
+    sign|mantissa bytes as two words (values 0-3, 4-7), the lo2 u16 and the hi1 byte."""
+    G: tl.constexpr = D // 8
+    t = tl.arange(0, TS)[:, None]
+    g = tl.arange(0, G)[None, :]
+    gi = t * G + g
+    sm = tl.load((slot + r0 * D).to(tl.pointer_type(tl.int64)) + gi)
+    smlo = sm.to(tl.uint32)
+    smhi = (sm >> 32).to(tl.uint32)
+    lo2 = tl.load((slot + LO2_OFF).to(tl.pointer_type(tl.uint16)) + r0 * G + gi).to(tl.uint32)
+    hi1 = tl.load(slot + HI1_OFF + r0 * G + gi).to(tl.uint32)
+    return smlo, smhi, lo2, hi1
+
+
+@triton.jit
 def decode_rows_pairs(
     slot, stream, rowoff, r0, has_raw, b8w0, b8w1, b8w2, b8w3, b16w0, b16w1, b16w2, b16w3,
     LO2_OFF: tl.constexpr, HI1_OFF: tl.constexpr, TAG_OFF: tl.constexpr,
@@ -257,12 +273,7 @@ def decode_rows_pairs(
     G: tl.constexpr = D // 8
     t = tl.arange(0, TS)[:, None]
     g = tl.arange(0, G)[None, :]
-    gi = t * G + g
-    sm = tl.load((slot + r0 * D).to(tl.pointer_type(tl.int64)) + gi)
-    smlo = sm.to(tl.uint32)
-    smhi = (sm >> 32).to(tl.uint32)
-    lo2 = tl.load((slot + LO2_OFF).to(tl.pointer_type(tl.uint16)) + r0 * G + gi).to(tl.uint32)
-    hi1 = tl.load(slot + HI1_OFF + r0 * G + gi).to(tl.uint32)
+    smlo, smhi, lo2, hi1 = group_plane_words(slot, r0, LO2_OFF, HI1_OFF, TS, D)
     tw0, tw1 = _row_tag_words(slot, r0 + t, TAG_OFF, D)
     if D == 256:  # groups 16-31 live in the second word, after all of the first word's escapes
         upper = g >= 16

@@ -6,7 +6,7 @@ the experiment records that were measured against this version import it from he
 import triton
 import triton.language as tl
 
-from gaac_hf.kernels._tile import planes_to_pairs
+from gaac_hf.kernels._tile import group_plane_words, planes_to_pairs
 
 
 @triton.jit
@@ -20,12 +20,7 @@ def group_planes(slot, stream, r0, esc_base, LO2_OFF: tl.constexpr, HI1_OFF: tl.
     G: tl.constexpr = D // 8
     t = tl.arange(0, TS)[:, None]
     g = tl.arange(0, G)[None, :]
-    gi = t * G + g
-    sm = tl.load((slot + r0 * D).to(tl.pointer_type(tl.int64)) + gi)
-    smlo = sm.to(tl.uint32)
-    smhi = (sm >> 32).to(tl.uint32)
-    lo2 = tl.load((slot + LO2_OFF).to(tl.pointer_type(tl.uint16)) + r0 * G + gi).to(tl.uint32)
-    hi1 = tl.load(slot + HI1_OFF + r0 * G + gi).to(tl.uint32)
+    smlo, smhi, lo2, hi1 = group_plane_words(slot, r0, LO2_OFF, HI1_OFF, TS, D)
     tag = (tl.load(slot + TAG_OFF + r0 * Q + t * Q + g // 4).to(tl.int32) >> (2 * (g % 4))) & 3
     cnt = tl.where(tag == 1, 1, tl.where(tag == 2, 5 + 65536, 0))
     flat = tl.reshape(cnt, [TS * G])

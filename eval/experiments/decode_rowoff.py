@@ -27,7 +27,7 @@ if __name__ == "__main__" and "--sass" not in sys.argv and "--gpu" not in sys.ar
 import triton
 import triton.language as tl
 
-from gaac_hf.kernels._tile import INTERPRET, _tag_escape_bytes, base_pair_words, pairs_to_tile, planes_to_pairs
+from gaac_hf.kernels._tile import INTERPRET, _tag_escape_bytes, base_pair_words, group_plane_words, pairs_to_tile, planes_to_pairs
 
 
 @triton.jit
@@ -47,12 +47,7 @@ def _rows_rowoff(slot, stream, rowoff, r0, has_raw, b8w0, b8w1, b8w2, b8w3, b16w
     G: tl.constexpr = D // 8
     t = tl.arange(0, TS)[:, None]
     g = tl.arange(0, G)[None, :]
-    gi = t * G + g
-    sm = tl.load((slot + r0 * D).to(tl.pointer_type(tl.int64)) + gi)
-    smlo = sm.to(tl.uint32)
-    smhi = (sm >> 32).to(tl.uint32)
-    lo2 = tl.load((slot + LO2_OFF).to(tl.pointer_type(tl.uint16)) + r0 * G + gi).to(tl.uint32)
-    hi1 = tl.load(slot + HI1_OFF + r0 * G + gi).to(tl.uint32)
+    smlo, smhi, lo2, hi1 = group_plane_words(slot, r0, LO2_OFF, HI1_OFF, TS, D)
     if D == 64:  # the row's 8 tags in 2 bytes
         tw = tl.load((slot + TAG_OFF).to(tl.pointer_type(tl.uint16)) + r0 + t).to(tl.uint32)
         pre = _in_row_prefix(tw, g, SWAR)
