@@ -40,9 +40,9 @@ class LaunchConfig:
     """Launch knobs of the CUDA decode kernel (defaults chosen by measurement, see eval/results)."""
 
     warps: int = 4              # warps per CTA; each owns 16 rows of a stage (stage = 16 * warps rows)
-    stages: int | None = None   # cp.async ring depth; None: as deep as fits one CTA per SM
-    num_splits: int | None = None  # None: from occupancy (about ctas_per_sm CTAs per SM)
-    ctas_per_sm: int | None = None  # None: what the shared memory allows
+    stages: int | None = None   # cp.async ring depth; None: 4 / 3 / 2, the deepest under 200 KB
+    num_splits: int | None = None  # None: one wave of CTAs (SMs x ctas_per_sm)
+    ctas_per_sm: int | None = None  # None: what the shared memory allows (also the register cap)
     min_tokens_per_split: int = 256
 
 
@@ -108,12 +108,19 @@ def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, 
                          f"memory per CTA (at most {MAX_SMEM}): use fewer warps or stages")
     splits = config.num_splits
     if splits is None:
+        # one wave: as many CTAs as fit on the GPU at once and never more (a second, mostly empty
+        # wave costs a whole CTA's time: measured 2x at B=4 before this rule)
         per_sm = config.ctas_per_sm or max(1, min(4, MAX_SMEM // smem))
-        target = _sm_count(device) * per_sm
-        splits = max(1, math.ceil(target / (batch * kv_heads)))
+        slots = _sm_count(device) * per_sm
+        splits = max(1, slots // (batch * kv_heads))
         splits = min(splits, max(1, max_tokens // max(config.min_tokens_per_split, tile)))
     tps = math.ceil(math.ceil(max_tokens / splits) / tile) * tile
     splits = max(1, math.ceil(max_tokens / tps))
+    # the same dynamic shared memory also holds the warp merge and the split weights of the merge
+    nt8 = 8 * math.ceil(group / 8)
+    smem = max(smem, 4 * (2 * warps * nt8 + warps * nt8 * head_dim), 4 * group * splits)
+    if smem > MAX_SMEM:
+        raise ValueError(f"{splits} splits x {group} heads do not fit the merge in shared memory")
     return dict(defines=defines, smem=smem, splits=splits, tokens_per_split=tps, threads=32 * warps)
 
 
@@ -147,12 +154,26 @@ def bf16_decode_attention_cuda(q, k_raw, v_raw, k_table, v_table, k_tail, v_tail
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     runtime.launch(mod, "gaac_bf16_decode_split", (splits, HKV, B), (p["threads"],), p["smem"],
                    q, k_raw, v_raw, k_table, v_table, k_tail, v_tail, num_blocks, tail_len, kv_start,
-                   part_o, part_lse, out, np.int32(HKV), np.int32(max_blocks), np.int32(p["tokens_per_split"]),
-                   np.float32(scale * LOG2E), device=q.device)
-    if splits > 1:
-        runtime.launch(mod, "gaac_decode_combine", (B * HQ,), (D,), 0, part_o, part_lse, out, np.int32(splits),
-                       device=q.device)
+                   part_o, part_lse, out, _counters(q.device, B * HKV), np.int32(HKV), np.int32(max_blocks),
+                   np.int32(p["tokens_per_split"]), np.float32(scale * LOG2E), device=q.device)
     return out
+
+
+_COUNTERS: dict = {}
+
+
+def _counters(device: torch.device, n: int) -> torch.Tensor:
+    """Zeroed int32 arrival counters of the in-kernel split merge, one buffer per (device, stream).
+
+    The kernel returns every counter it uses to zero, so the buffer is allocated (zeroed) once and
+    stays valid across calls and CUDA-graph replays. One buffer per stream keeps concurrent streams
+    apart. It grows (a new zeroed buffer) when a call needs more (sequence, kv head) pairs.
+    """
+    key = (device, torch.cuda.current_stream(device).cuda_stream)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < n:
+        buf = _COUNTERS[key] = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+    return buf
 
 
 def pack_paged_bf16(x: torch.Tensor, seq_lens: list[int], block_size: int, *, shuffle: bool = True,

@@ -14,8 +14,9 @@
 // Grid (num_splits, Hkv, B); split s of sequence b covers positions
 // [s * tokens_per_split, (s + 1) * tokens_per_split) clipped on the device to [kv_start[b], len[b]),
 // so the launch shape depends only on host integers (CUDA-graph safe). num_splits == 1 writes the
-// BF16 output directly; otherwise each split writes (o / l, log2-sum-exp) and
-// gaac_decode_combine merges them.
+// BF16 output directly; otherwise each split writes (o / l, log2-sum-exp) and the last CTA of its
+// (sequence, kv head) to finish merges them (gaac_decode_combine is the same merge as a kernel of
+// its own, kept for callers that produce partials elsewhere).
 //
 // Per warp and 16-row chunk: 16 x (HEAD_DIM/16) ldmatrix + MMA for S^T (rows = tokens, cols =
 // heads), an online softmax in base 2 on the accumulator fragments, movmatrix to turn P^T's
@@ -55,18 +56,26 @@ static_assert(T % TILE == 0 || TILE % T == 0, "PAGE and 16*WARPS must divide one
 static_assert(S >= 2, "STAGES must be >= 2");
 static_assert((TILE * CPR) % THREADS == 0, "stage chunks must spread evenly over the threads");
 
+// Where stage rows [tok0, tok0 + TILE) start in K and V when the stage lies in one block (T % TILE
+// == 0): one table look-up per stage, made one iteration before the stage is issued so its latency
+// hides behind a stage of compute instead of stalling the copies.
+struct StageSrc {
+  const u16* k;
+  const u16* v;
+};
+__device__ __forceinline__ StageSrc stage_src(const PagedRows<T, D>& kp, const PagedRows<T, D>& vp, int tok0) {
+  if constexpr (T % TILE == 0) {
+    return {kp.block(tok0 / T) + (tok0 % T) * D, vp.block(tok0 / T) + (tok0 % T) * D};
+  } else {
+    return {nullptr, nullptr};
+  }
+}
+
 // Stage rows [tok0, tok0 + TILE) of K and V into shared memory; rows outside [lo, hi) are zero.
 __device__ __forceinline__ void issue_stage(u16* sk, u16* sv, const PagedRows<T, D>& kp,
-                                            const PagedRows<T, D>& vp, int tok0, int lo, int hi,
-                                            int tid) {
+                                            const PagedRows<T, D>& vp, StageSrc src, int tok0, int lo,
+                                            int hi, int tid) {
   constexpr int PER_THREAD = TILE * CPR / THREADS;
-  constexpr int ROWS_PER_PASS = THREADS / CPR > 0 ? THREADS / CPR : 1;
-  const u16* kb0 = nullptr;
-  const u16* vb0 = nullptr;
-  if constexpr (T % TILE == 0) {  // the whole stage lies in one block: one table look-up
-    kb0 = kp.block(tok0 / T) + (tok0 % T) * D;
-    vb0 = vp.block(tok0 / T) + (tok0 % T) * D;
-  }
 #pragma unroll
   for (int i = 0; i < PER_THREAD; ++i) {
     const int c = tid + i * THREADS;
@@ -77,13 +86,12 @@ __device__ __forceinline__ void issue_stage(u16* sk, u16* sv, const PagedRows<T,
     const u16* ks;
     const u16* vs;
     if constexpr (T % TILE == 0) {
-      ks = kb0 + r * D;
-      vs = vb0 + r * D;
-    } else {
-      ks = kp.block(p / T) + (p % T) * D;
-      vs = vp.block(p / T) + (p % T) * D;
+      ks = src.k + r * D;
+      vs = src.v + r * D;
+    } else {  // the stage spans several blocks: one look-up per row (small blocks only)
+      ks = ok ? kp.block(p / T) + (p % T) * D : kp.tail;
+      vs = ok ? vp.block(p / T) + (p % T) * D : vp.tail;
     }
-    (void)ROWS_PER_PASS;
     // a masked row reads nothing (src-size 0) but still gets a valid address
     cp_async16(sk + r * ROW + col, ok ? ks + col : kp.tail, ok ? 16 : 0);
     cp_async16(sv + r * ROW + col, ok ? vs + col : vp.tail, ok ? 16 : 0);
@@ -105,7 +113,8 @@ gaac_bf16_decode_split(const u16* __restrict__ q,        // [B, Hkv*G, D]
                        const int* __restrict__ kv_start,    // [B] or null
                        float* __restrict__ part_o,          // [B, Hkv*G, splits, D]
                        float* __restrict__ part_lse,        // [B, Hkv*G, splits]
-                       u16* __restrict__ out,               // [B, Hkv*G, D] (splits == 1)
+                       u16* __restrict__ out,               // [B, Hkv*G, D]
+                       int* __restrict__ counters,          // [B*Hkv], zero between calls
                        int hkv, int max_blocks, int tokens_per_split, float scale_log2) {
   extern __shared__ __align__(16) unsigned char smem[];
   u16* sk = reinterpret_cast<u16*>(smem);
@@ -157,12 +166,14 @@ gaac_bf16_decode_split(const u16* __restrict__ q,        // [B, Hkv*G, D]
     l_run[nt][0] = l_run[nt][1] = 0.f;
   }
 
-  // prologue: S - 1 stages in flight
+  // prologue: S - 1 stages in flight, and the table entries of the next one already loaded
 #pragma unroll
   for (int s = 0; s < S - 1; ++s) {
-    if (s < n_tiles) issue_stage(sk + s * STAGE_ELEMS, sv + s * STAGE_ELEMS, kp, vp, first + s * TILE, lo, hi, tid);
+    if (s < n_tiles) issue_stage(sk + s * STAGE_ELEMS, sv + s * STAGE_ELEMS, kp, vp, stage_src(kp, vp, first + s * TILE),
+                                 first + s * TILE, lo, hi, tid);
     cp_async_commit();
   }
+  StageSrc next_src = stage_src(kp, vp, first + (S - 1) * TILE);  // blocks past the end read no table
 
   // ldmatrix lane addressing (see the PTX ISA fragment layouts):
   // K as A (row-major 16x16): rows (lane & 7) + 8 * ((lane >> 3) & 1), cols 8 * (lane >> 4)
@@ -176,8 +187,10 @@ gaac_bf16_decode_split(const u16* __restrict__ q,        // [B, Hkv*G, D]
     {
       const int nx = it + S - 1;
       const int slot = nx % S;
-      if (nx < n_tiles) issue_stage(sk + slot * STAGE_ELEMS, sv + slot * STAGE_ELEMS, kp, vp, first + nx * TILE, lo, hi, tid);
+      if (nx < n_tiles) issue_stage(sk + slot * STAGE_ELEMS, sv + slot * STAGE_ELEMS, kp, vp, next_src, first + nx * TILE, lo, hi, tid);
       cp_async_commit();
+      // look up the stage after it now; its latency overlaps this stage's compute
+      if (nx + 1 < n_tiles) next_src = stage_src(kp, vp, first + (nx + 1) * TILE);
     }
     const int slot = it % S;
     const u16* ks = sk + slot * STAGE_ELEMS + (warp * 16) * ROW;
@@ -305,6 +318,52 @@ gaac_bf16_decode_split(const u16* __restrict__ q,        // [B, Hkv*G, D]
       part_o[(row * splits + split) * D + d] = val;
       if (d == 0) part_lse[row * splits + split] = l > 0.f ? ref + log2_approx(l) : NEG_INF;
     }
+  }
+  if (splits == 1) return;
+
+  // ---- the last CTA of this (sequence, kv head) to finish merges all splits (no second launch) ----
+  // threadFenceReduction pattern: partials stored, fence, count; the CTA that brings the count to
+  // `splits` reads everyone's partials (L2, bypassing L1) and resets the counter for the next call,
+  // so the counter buffer stays zero between calls (and across CUDA-graph replays).
+  __shared__ int is_last;
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) {
+    const int prev = atomicAdd(counters + bh, 1);
+    is_last = prev == splits - 1;
+    if (is_last) counters[bh] = 0;
+  }
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  // weights of the splits per head in shared memory (the ring and the warp merge are done with it;
+  // the host sizes the dynamic shared memory to hold G * splits floats)
+  float* wts = reinterpret_cast<float*>(smem);
+  const i64 row0 = static_cast<i64>(b) * hq_total + hq0;
+  for (int i = tid; i < G * splits; i += THREADS) wts[i] = __ldcg(part_lse + row0 * splits + i);
+  __syncthreads();
+  if (tid < G) {
+    float* w = wts + tid * splits;
+    float mx = NEG_INF;
+    for (int s2 = 0; s2 < splits; ++s2) mx = fmaxf(mx, w[s2]);
+    const float ref = mx == NEG_INF ? 0.f : mx;
+    float wsum = 0.f;
+    for (int s2 = 0; s2 < splits; ++s2) {
+      w[s2] = exp2_approx(w[s2] - ref);
+      wsum += w[s2];
+    }
+    const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
+    for (int s2 = 0; s2 < splits; ++s2) w[s2] *= inv;
+  }
+  __syncthreads();
+  for (int i = tid; i < G * D; i += THREADS) {
+    const int head = i / D, d = i % D;
+    const float* w = wts + head * splits;
+    const float* po = part_o + (row0 + head) * splits * D + d;
+    float acc = 0.f;
+#pragma unroll 8
+    for (int s2 = 0; s2 < splits; ++s2) acc += w[s2] * __ldcg(po + s2 * D);
+    out[(row0 + head) * D + d] = to_bf16(acc);
   }
 }
 
