@@ -154,7 +154,8 @@ def _try(name, make, ref=None):
         return None, None
 
 
-SWEEP = [dict(warps=w, stages=s, ctas_per_sm=c) for w in (2, 4, 8) for s in (2, 3, 4, 6) for c in (1, 2, 3, 4)]
+SWEEP = [dict(warps=w, stages=s, ctas_per_sm=c, l2_prefetch=pf) for pf in (0, 256) for w in (4, 8)
+         for s in (2, 3, 4, 6) for c in (1, 2, 3)]
 
 
 def sweep(shape, B, S, dev):

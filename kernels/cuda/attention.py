@@ -44,6 +44,7 @@ class LaunchConfig:
     num_splits: int | None = None  # None: one wave of CTAs (SMs x ctas_per_sm)
     ctas_per_sm: int | None = None  # None: what the shared memory allows (also the register cap)
     min_tokens_per_split: int = 256
+    l2_prefetch: int = 0        # L2 fetch size hint of the copies: 0, 64, 128 or 256 bytes
 
 
 def _smem_bytes(d: int, warps: int, stages: int) -> int:
@@ -98,10 +99,8 @@ def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, 
     warps = config.warps
     stages = config.stages or _default_stages(head_dim, warps)
     tile = 16 * warps
-    if block_size % tile and tile % block_size:
-        raise ValueError(f"block size {block_size} and 16*warps={tile} must divide one another")
     defines = dict(HEAD_DIM=head_dim, GROUP=group, PAGE=block_size, WARPS=warps, STAGES=stages,
-                   MIN_CTAS_PER_SM=config.ctas_per_sm or 1)
+                   MIN_CTAS_PER_SM=config.ctas_per_sm or 1, L2_PREFETCH=config.l2_prefetch)
     smem = _smem_bytes(head_dim, warps, stages)
     if smem > MAX_SMEM:
         raise ValueError(f"head_dim {head_dim} with {warps} warps x {stages} stages needs {smem} B of shared "

@@ -21,7 +21,9 @@
 // Per warp and 16-row chunk: 16 x (HEAD_DIM/16) ldmatrix + MMA for S^T (rows = tokens, cols =
 // heads), an online softmax in base 2 on the accumulator fragments, movmatrix to turn P^T's
 // accumulator layout into the B-operand layout, then HEAD_DIM/16 ldmatrix.trans + MMA for O^T.
-// Warps keep separate softmax states and are merged through shared memory at the end.
+// Each warp copies, and reads, only its own 16 rows of every stage (its own cp.async ring, synced
+// with __syncwarp), keeps its own softmax state, and the warps are merged through shared memory at
+// the end: the only CTA barriers are at the end.
 #include "gaac/ptx.cuh"
 #include "gaac/paged.cuh"
 
@@ -30,6 +32,9 @@
 #endif
 #ifndef MIN_CTAS_PER_SM
 #define MIN_CTAS_PER_SM 1
+#endif
+#ifndef L2_PREFETCH
+#define L2_PREFETCH 0
 #endif
 
 namespace {
@@ -52,49 +57,39 @@ constexpr int STAGE_ELEMS = TILE * ROW;
 static_assert(D % 16 == 0 && D >= 16 && D <= 256, "HEAD_DIM must be a multiple of 16 up to 256");
 static_assert(G >= 1 && G <= 16, "GROUP must be 1..16");
 static_assert(T % 16 == 0, "PAGE must be a multiple of 16");
-static_assert(T % TILE == 0 || TILE % T == 0, "PAGE and 16*WARPS must divide one another");
 static_assert(S >= 2, "STAGES must be >= 2");
-static_assert((TILE * CPR) % THREADS == 0, "stage chunks must spread evenly over the threads");
+static_assert((16 * CPR) % 32 == 0, "a warp's 16 rows must spread evenly over its lanes");
 
-// Where stage rows [tok0, tok0 + TILE) start in K and V when the stage lies in one block (T % TILE
-// == 0): one table look-up per stage, made one iteration before the stage is issued so its latency
-// hides behind a stage of compute instead of stalling the copies.
+// Where a warp's 16 rows [tok0, tok0 + 16) start in K and V. tok0 is a multiple of 16 and so is T,
+// so the rows lie in one block: one table look-up per warp and stage, made one iteration before the
+// rows are issued so its latency hides behind a stage of compute instead of stalling the copies.
 struct StageSrc {
   const u16* k;
   const u16* v;
 };
 __device__ __forceinline__ StageSrc stage_src(const PagedRows<T, D>& kp, const PagedRows<T, D>& vp, int tok0) {
-  if constexpr (T % TILE == 0) {
-    return {kp.block(tok0 / T) + (tok0 % T) * D, vp.block(tok0 / T) + (tok0 % T) * D};
-  } else {
-    return {nullptr, nullptr};
-  }
+  return {kp.block(tok0 / T) + (tok0 % T) * D, vp.block(tok0 / T) + (tok0 % T) * D};
 }
 
-// Stage rows [tok0, tok0 + TILE) of K and V into shared memory; rows outside [lo, hi) are zero.
-__device__ __forceinline__ void issue_stage(u16* sk, u16* sv, const PagedRows<T, D>& kp,
-                                            const PagedRows<T, D>& vp, StageSrc src, int tok0, int lo,
-                                            int hi, int tid) {
-  constexpr int PER_THREAD = TILE * CPR / THREADS;
+// Stage one warp's 16 rows [tok0, tok0 + 16) of K and V into shared memory (its own rows of the
+// stage: warps never read each other's rows, so each warp runs its own ring and waits for its own
+// copies; no CTA barrier per stage). Rows outside [lo, hi) are written as zeros.
+__device__ __forceinline__ void issue_rows(u16* sk, u16* sv, const PagedRows<T, D>& kp,
+                                           const PagedRows<T, D>& vp, StageSrc src, int tok0, int lo,
+                                           int hi, int lane) {
+  constexpr int PER_LANE = 16 * CPR / 32;
 #pragma unroll
-  for (int i = 0; i < PER_THREAD; ++i) {
-    const int c = tid + i * THREADS;
+  for (int i = 0; i < PER_LANE; ++i) {
+    const int c = lane + i * 32;
     const int r = c / CPR;
     const int col = (c % CPR) * 8;
     const int p = tok0 + r;
     const bool ok = p >= lo && p < hi;
-    const u16* ks;
-    const u16* vs;
-    if constexpr (T % TILE == 0) {
-      ks = src.k + r * D;
-      vs = src.v + r * D;
-    } else {  // the stage spans several blocks: one look-up per row (small blocks only)
-      ks = ok ? kp.block(p / T) + (p % T) * D : kp.tail;
-      vs = ok ? vp.block(p / T) + (p % T) * D : vp.tail;
-    }
+    const u16* ks = src.k + r * D;
+    const u16* vs = src.v + r * D;
     // a masked row reads nothing (src-size 0) but still gets a valid address
-    cp_async16(sk + r * ROW + col, ok ? ks + col : kp.tail, ok ? 16 : 0);
-    cp_async16(sv + r * ROW + col, ok ? vs + col : vp.tail, ok ? 16 : 0);
+    cp_async16<L2_PREFETCH>(sk + r * ROW + col, ok ? ks + col : kp.tail, ok ? 16 : 0);
+    cp_async16<L2_PREFETCH>(sv + r * ROW + col, ok ? vs + col : vp.tail, ok ? 16 : 0);
   }
 }
 
@@ -166,14 +161,16 @@ gaac_bf16_decode_split(const u16* __restrict__ q,        // [B, Hkv*G, D]
     l_run[nt][0] = l_run[nt][1] = 0.f;
   }
 
-  // prologue: S - 1 stages in flight, and the table entries of the next one already loaded
+  // prologue: S - 1 stages of this warp's rows in flight, the table entries of the next one loaded
+  const int wrow = warp * 16;  // this warp's rows in every stage
 #pragma unroll
   for (int s = 0; s < S - 1; ++s) {
-    if (s < n_tiles) issue_stage(sk + s * STAGE_ELEMS, sv + s * STAGE_ELEMS, kp, vp, stage_src(kp, vp, first + s * TILE),
-                                 first + s * TILE, lo, hi, tid);
+    const int t = first + s * TILE + wrow;
+    if (s < n_tiles) issue_rows(sk + s * STAGE_ELEMS + wrow * ROW, sv + s * STAGE_ELEMS + wrow * ROW, kp, vp,
+                                stage_src(kp, vp, t), t, lo, hi, lane);
     cp_async_commit();
   }
-  StageSrc next_src = stage_src(kp, vp, first + (S - 1) * TILE);  // blocks past the end read no table
+  StageSrc next_src = stage_src(kp, vp, first + (S - 1) * TILE + wrow);  // blocks past the end read no table
 
   // ldmatrix lane addressing (see the PTX ISA fragment layouts):
   // K as A (row-major 16x16): rows (lane & 7) + 8 * ((lane >> 3) & 1), cols 8 * (lane >> 4)
@@ -183,14 +180,15 @@ gaac_bf16_decode_split(const u16* __restrict__ q,        // [B, Hkv*G, D]
 
   for (int it = 0; it < n_tiles; ++it) {
     cp_async_wait<S - 2>();
-    __syncthreads();
+    __syncwarp();  // this warp's copies of stage `it` landed; its reads of the slot refilled below are done
     {
       const int nx = it + S - 1;
       const int slot = nx % S;
-      if (nx < n_tiles) issue_stage(sk + slot * STAGE_ELEMS, sv + slot * STAGE_ELEMS, kp, vp, next_src, first + nx * TILE, lo, hi, tid);
+      if (nx < n_tiles) issue_rows(sk + slot * STAGE_ELEMS + wrow * ROW, sv + slot * STAGE_ELEMS + wrow * ROW, kp, vp,
+                                   next_src, first + nx * TILE + wrow, lo, hi, lane);
       cp_async_commit();
       // look up the stage after it now; its latency overlaps this stage's compute
-      if (nx + 1 < n_tiles) next_src = stage_src(kp, vp, first + (nx + 1) * TILE);
+      if (nx + 1 < n_tiles) next_src = stage_src(kp, vp, first + (nx + 1) * TILE + wrow);
     }
     const int slot = it % S;
     const u16* ks = sk + slot * STAGE_ELEMS + (warp * 16) * ROW;
