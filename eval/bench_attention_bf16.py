@@ -154,7 +154,7 @@ def _try(name, make, ref=None):
         return None, None
 
 
-SWEEP = [dict(warps=w, stages=s, ctas_per_sm=c, l2_prefetch=pf) for pf in (0, 256) for w in (4, 8)
+SWEEP = [dict(warps=w, stages=s, ctas_per_sm=c, loader=ld) for ld in ("cp.async", "bulk") for w in (4, 8)
          for s in (2, 3, 4, 6) for c in (1, 2, 3)]
 
 

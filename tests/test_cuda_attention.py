@@ -69,7 +69,8 @@ CASES = [  # (B, Hq, Hkv, D, T, seq_lens)
 
 @pytest.mark.parametrize("B,HQ,HKV,D,T,lens", CASES)
 @pytest.mark.parametrize("splits", [None, 1, 3])
-def test_matches_fp64_reference(B, HQ, HKV, D, T, lens, splits):
+@pytest.mark.parametrize("loader", ["cp.async", "bulk"])
+def test_matches_fp64_reference(B, HQ, HKV, D, T, lens, splits, loader):
     g = torch.Generator(device="cpu").manual_seed(hash((B, HQ, HKV, D, T, tuple(lens))) % 2**31)
     S = max(max(lens), 1)
     k = torch.randn(B, HKV, S, D, generator=g).to(torch.bfloat16).to(DEV)
@@ -78,7 +79,7 @@ def test_matches_fp64_reference(B, HQ, HKV, D, T, lens, splits):
     pk, pv = pack_paged_bf16(k, lens, T, generator=g), pack_paged_bf16(v, lens, T, generator=g)
     _poison_unused(pk, lens, T)
     _poison_unused(pv, lens, T)
-    out = _run(q, pk, pv, config=LaunchConfig(num_splits=splits))
+    out = _run(q, pk, pv, config=LaunchConfig(num_splits=splits, loader=loader))
     assert not torch.isnan(out).any(), "an output element was not written (or NaN leaked in)"
     ref = attention_reference(q, k, v, lens)
     if max(lens) == 0:
@@ -88,7 +89,8 @@ def test_matches_fp64_reference(B, HQ, HKV, D, T, lens, splits):
 
 
 @pytest.mark.parametrize("D", [64, 128, 256])
-def test_left_padding(D):
+@pytest.mark.parametrize("loader", ["cp.async", "bulk"])
+def test_left_padding(D, loader):
     g = torch.Generator(device="cpu").manual_seed(D)
     B, HQ, HKV, T = 3, 8, 2, 64
     lens, starts = [900, 1500, 64], [0, 700, 63]
@@ -102,7 +104,7 @@ def test_left_padding(D):
     pk, pv = pack_paged_bf16(k, lens, T, generator=g), pack_paged_bf16(v, lens, T, generator=g)
     ks = torch.tensor(starts, dtype=torch.int32, device=DEV)
     for splits in (None, 1, 4):
-        out = _run(q, pk, pv, kv_start=ks, config=LaunchConfig(num_splits=splits))
+        out = _run(q, pk, pv, kv_start=ks, config=LaunchConfig(num_splits=splits, loader=loader))
         ref = attention_reference(q, k, v, lens, kv_start=starts)
         assert not torch.isnan(out).any()
         assert _rel_err(out, ref) < 1e-2

@@ -34,8 +34,9 @@ def _build(tmp_path, defines, extra=()):
 
 
 @pytest.mark.parametrize("d,g,t,w", CONFIGS)
-def test_decode_kernel_compiles_without_spills(tmp_path, d, g, t, w):
-    defines = dict(HEAD_DIM=d, GROUP=g, PAGE=t, WARPS=w, STAGES=_default_stages(d, w))
+@pytest.mark.parametrize("loader", [0, 1])
+def test_decode_kernel_compiles_without_spills(tmp_path, d, g, t, w, loader):
+    defines = dict(HEAD_DIM=d, GROUP=g, PAGE=t, WARPS=w, STAGES=_default_stages(d, w), LOADER=loader)
     report = _build(tmp_path, defines)
     assert set(report) == {"gaac_bf16_decode_split", "gaac_decode_combine"}
     assert runtime.resource_problems(report, REGISTER_BUDGET) == []

@@ -45,6 +45,10 @@ class LaunchConfig:
     ctas_per_sm: int | None = None  # None: what the shared memory allows (also the register cap)
     min_tokens_per_split: int = 256
     l2_prefetch: int = 0        # L2 fetch size hint of the copies: 0, 64, 128 or 256 bytes
+    loader: str = "cp.async"    # "cp.async" (16 B per lane) or "bulk" (the copy engine, a row per lane)
+
+
+_LOADERS = {"cp.async": 0, "bulk": 1}
 
 
 def _smem_bytes(d: int, warps: int, stages: int) -> int:
@@ -100,7 +104,8 @@ def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, 
     stages = config.stages or _default_stages(head_dim, warps)
     tile = 16 * warps
     defines = dict(HEAD_DIM=head_dim, GROUP=group, PAGE=block_size, WARPS=warps, STAGES=stages,
-                   MIN_CTAS_PER_SM=config.ctas_per_sm or 1, L2_PREFETCH=config.l2_prefetch)
+                   MIN_CTAS_PER_SM=config.ctas_per_sm or 1, L2_PREFETCH=config.l2_prefetch,
+                   LOADER=_LOADERS[config.loader])
     smem = _smem_bytes(head_dim, warps, stages)
     if smem > MAX_SMEM:
         raise ValueError(f"head_dim {head_dim} with {warps} warps x {stages} stages needs {smem} B of shared "

@@ -36,6 +36,9 @@
 #ifndef L2_PREFETCH
 #define L2_PREFETCH 0
 #endif
+#ifndef LOADER  // 0: cp.async 16 B per lane; 1: the copy engine (cp.async.bulk, one row per lane)
+#define LOADER 0
+#endif
 
 namespace {
 using namespace gaac;
@@ -90,6 +93,30 @@ __device__ __forceinline__ void issue_rows(u16* sk, u16* sv, const PagedRows<T, 
     // a masked row reads nothing (src-size 0) but still gets a valid address
     cp_async16<L2_PREFETCH>(sk + r * ROW + col, ok ? ks + col : kp.tail, ok ? 16 : 0);
     cp_async16<L2_PREFETCH>(sv + r * ROW + col, ok ? vs + col : vp.tail, ok ? 16 : 0);
+  }
+}
+
+// The copy-engine variant: lane r < 16 copies K row r, lane 16 + r copies V row r (one bulk copy of
+// D * 2 bytes each, into the padded shared-memory row), completing on the warp's barrier of this
+// slot. A row outside [lo, hi) is not copied: a masked K row is never used (its score is -inf) and
+// a masked V row is written with zeros by its lane (0 * garbage could be NaN in the MMA).
+__device__ __forceinline__ void issue_rows_bulk(u16* sk, u16* sv, StageSrc src, int tok0, int lo, int hi,
+                                                int lane, unsigned long long* bar) {
+  const int r = lane & 15;
+  const bool is_v = lane >= 16;
+  const int p = tok0 + r;
+  const bool ok = p >= lo && p < hi;
+  // rows of this warp-stage that are copied: [max(lo, tok0), min(hi, tok0 + 16))
+  const int nvalid = max(0, min(hi, tok0 + 16) - max(lo, tok0));
+  if (lane == 0) mbar_arrive_expect_tx(bar, static_cast<u32>(nvalid) * (2u * D * 2u));
+  __syncwarp();
+  u16* dst = (is_v ? sv : sk) + r * ROW;
+  if (ok) {
+    bulk_copy_g2s(dst, (is_v ? src.v : src.k) + r * D, D * 2, bar);
+  } else if (is_v) {
+    uint4* d4 = reinterpret_cast<uint4*>(dst);
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) d4[i] = make_uint4(0u, 0u, 0u, 0u);
   }
 }
 
@@ -163,12 +190,25 @@ gaac_bf16_decode_split(const u16* __restrict__ q,        // [B, Hkv*G, D]
 
   // prologue: S - 1 stages of this warp's rows in flight, the table entries of the next one loaded
   const int wrow = warp * 16;  // this warp's rows in every stage
+#if LOADER == 1
+  __shared__ __align__(8) unsigned long long bars[W * S];
+  unsigned long long* wbar = bars + warp * S;
+  if (lane == 0)
+    for (int s = 0; s < S; ++s) mbar_init(wbar + s, 1);
+  fence_proxy_async();
+  __syncwarp();
+#endif
 #pragma unroll
   for (int s = 0; s < S - 1; ++s) {
     const int t = first + s * TILE + wrow;
+#if LOADER == 1
+    if (s < n_tiles) issue_rows_bulk(sk + s * STAGE_ELEMS + wrow * ROW, sv + s * STAGE_ELEMS + wrow * ROW,
+                                     stage_src(kp, vp, t), t, lo, hi, lane, wbar + s);
+#else
     if (s < n_tiles) issue_rows(sk + s * STAGE_ELEMS + wrow * ROW, sv + s * STAGE_ELEMS + wrow * ROW, kp, vp,
                                 stage_src(kp, vp, t), t, lo, hi, lane);
     cp_async_commit();
+#endif
   }
   StageSrc next_src = stage_src(kp, vp, first + (S - 1) * TILE + wrow);  // blocks past the end read no table
 
@@ -179,14 +219,27 @@ gaac_bf16_decode_split(const u16* __restrict__ q,        // [B, Hkv*G, D]
   const int va_row = (lane & 7) + (lane >> 4) * 8, va_col = ((lane >> 3) & 1) * 8;
 
   for (int it = 0; it < n_tiles; ++it) {
+#if LOADER == 1
+    mbar_wait(wbar + it % S, (it / S) & 1);
+    __syncwarp();  // every lane passed its reads of the slot refilled below (and the zero rows landed)
+#else
     cp_async_wait<S - 2>();
     __syncwarp();  // this warp's copies of stage `it` landed; its reads of the slot refilled below are done
+#endif
     {
       const int nx = it + S - 1;
       const int slot = nx % S;
+#if LOADER == 1
+      if (nx < n_tiles) {
+        fence_proxy_async();  // the slot's earlier generic reads/writes before the copy engine's writes
+        issue_rows_bulk(sk + slot * STAGE_ELEMS + wrow * ROW, sv + slot * STAGE_ELEMS + wrow * ROW, next_src,
+                        first + nx * TILE + wrow, lo, hi, lane, wbar + slot);
+      }
+#else
       if (nx < n_tiles) issue_rows(sk + slot * STAGE_ELEMS + wrow * ROW, sv + slot * STAGE_ELEMS + wrow * ROW, kp, vp,
                                    next_src, first + nx * TILE + wrow, lo, hi, lane);
       cp_async_commit();
+#endif
       // look up the stage after it now; its latency overlaps this stage's compute
       if (nx + 1 < n_tiles) next_src = stage_src(kp, vp, first + (nx + 1) * TILE + wrow);
     }
