@@ -175,12 +175,40 @@ def sweep(shape, B, S, dev):
     return rows, best
 
 
+SPLIT_SWEEP = {  # (shape, B, S): launch configs x forced split counts (over-decomposition vs one wave)
+    ("qwen3-8b", 1, 65536): ([dict(warps=4, stages=3, ctas_per_sm=1), dict(warps=8, stages=3, ctas_per_sm=1),
+                              dict(warps=4, stages=3, ctas_per_sm=2), dict(warps=4, stages=2, ctas_per_sm=3)],
+                             [16, 24, 32, 48, 64, 96, 128]),
+    ("qwen3-8b", 16, 32768): ([dict(warps=8, stages=3, ctas_per_sm=1), dict(warps=4, stages=3, ctas_per_sm=2)],
+                              [1, 2, 3, 4, 8]),
+    ("gemma3", 1, 65536): ([dict(warps=4, stages=3, ctas_per_sm=1), dict(warps=4, stages=2, ctas_per_sm=1)],
+                           [32, 66, 132, 264, 396]),
+}
+
+
+def split_sweep(dev):
+    from gaac_hf.kernels.cuda.attention import LaunchConfig
+
+    out = []
+    for (shape, B, S), (cfgs, splits) in SPLIT_SWEEP.items():
+        case = Case(shape, B, S, dev)
+        for kw in cfgs:
+            for n in splits:
+                us, _ = _try("cuda", lambda: case.cuda(LaunchConfig(num_splits=n, **kw)))
+                out.append(dict(shape=shape, batch=B, context=S, config=kw, splits=n, us=us))
+                print(f"  splits {shape} B={B} {S}: {kw} x {n} -> {us}", flush=True)
+        del case
+        torch.cuda.empty_cache()
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--quick", action="store_true", help="Qwen3 B=1 64K/128K and B=4 64K only")
     ap.add_argument("--budget-s", type=float, default=400)
+    ap.add_argument("--split-sweep", action="store_true")
     args = ap.parse_args(argv)
     from gaac_hf.kernels.cuda.attention import LaunchConfig
 
@@ -190,6 +218,8 @@ def main(argv=None):
                   shapes={k: dict(q_heads=v[0], kv_heads=v[1], head_dim=v[2]) for k, v in SHAPES.items()},
                   same_shape=SAME_SHAPE, sweep={}, rows=[], cut=[])
     best = {}
+    if args.split_sweep:
+        result["split_sweep"] = split_sweep(dev)
     if args.sweep:
         for shape, B, S in (("qwen3-8b", 1, 65536), ("qwen3-8b", 4, 65536), ("smollm2-135m", 1, 65536),
                             ("gemma3", 1, 65536)):
