@@ -79,4 +79,4 @@ def test_launch_config_defaults_fit_shared_memory():
         assert _smem_bytes(d, 4, _default_stages(d, 4)) <= 227 * 1024
     with pytest.raises(ValueError, match="shared memory"):
         plan(1, 1, 4, 64, 256, 4096, None, LaunchConfig(warps=8, num_splits=1))
-    assert LaunchConfig().warps == 4
+    assert LaunchConfig().warps is None

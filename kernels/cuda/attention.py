@@ -39,8 +39,8 @@ MAX_SMEM = 227 * 1024  # dynamic shared memory one CTA may take on sm_90
 class LaunchConfig:
     """Launch knobs of the CUDA decode kernel (defaults chosen by measurement, see eval/results)."""
 
-    warps: int = 4              # warps per CTA; each owns 16 rows of a stage (stage = 16 * warps rows)
-    stages: int | None = None   # cp.async ring depth; None: 4 / 3 / 2, the deepest under 200 KB
+    warps: int | None = None    # warps per CTA, each owning 16 rows of a stage; None: 8 for d <= 64, else 4
+    stages: int | None = None   # ring depth per warp; None: 3 (2 where 3 does not fit)
     num_splits: int | None = None  # None: one wave of CTAs (SMs x ctas_per_sm)
     ctas_per_sm: int | None = None  # None: what the shared memory allows (also the register cap)
     min_tokens_per_split: int = 256
@@ -56,10 +56,13 @@ def _smem_bytes(d: int, warps: int, stages: int) -> int:
 
 
 def _default_stages(d: int, warps: int) -> int:
-    for s in (4, 3, 2):
-        if _smem_bytes(d, warps, s) <= 200 * 1024:
-            return s
-    return 2
+    # measured on the H200 (eval/results/attention_bf16_h200.json "sweep"): 3 stages at one CTA per SM
+    # was best or within 1% for d = 64 / 128 / 256; deeper rings never helped
+    return 3 if _smem_bytes(d, warps, 3) <= MAX_SMEM else 2
+
+
+def _default_warps(d: int) -> int:
+    return 8 if d <= 64 else 4
 
 
 def _check(q, k_raw, v_raw, k_table, v_table, k_tail, v_tail, num_blocks, tail_len, kv_start):
@@ -100,7 +103,7 @@ def _check(q, k_raw, v_raw, k_table, v_table, k_tail, v_tail, num_blocks, tail_l
 def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, max_tokens: int,
          device: torch.device, config: LaunchConfig) -> dict:
     """Compile-time defines, grid and shared memory for one call (host arithmetic only)."""
-    warps = config.warps
+    warps = config.warps or _default_warps(head_dim)
     stages = config.stages or _default_stages(head_dim, warps)
     tile = 16 * warps
     defines = dict(HEAD_DIM=head_dim, GROUP=group, PAGE=block_size, WARPS=warps, STAGES=stages,
@@ -114,7 +117,7 @@ def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, 
     if splits is None:
         # one wave: as many CTAs as fit on the GPU at once and never more (a second, mostly empty
         # wave costs a whole CTA's time: measured 2x at B=4 before this rule)
-        per_sm = config.ctas_per_sm or max(1, min(4, MAX_SMEM // smem))
+        per_sm = config.ctas_per_sm or 1  # one CTA per SM measured best at B = 1 (sweep)
         slots = _sm_count(device) * per_sm
         splits = max(1, slots // (batch * kv_heads))
         splits = min(splits, max(1, max_tokens // max(config.min_tokens_per_split, tile)))

@@ -393,28 +393,44 @@ gaac_bf16_decode_split(const u16* __restrict__ q,        // [B, Hkv*G, D]
   const i64 row0 = static_cast<i64>(b) * hq_total + hq0;
   for (int i = tid; i < G * splits; i += THREADS) wts[i] = __ldcg(part_lse + row0 * splits + i);
   __syncthreads();
-  if (tid < G) {
-    float* w = wts + tid * splits;
+  // one warp per head: lanes over the splits (max, then the normalised weights)
+  for (int head = warp; head < G; head += W) {
+    float* w = wts + head * splits;
     float mx = NEG_INF;
-    for (int s2 = 0; s2 < splits; ++s2) mx = fmaxf(mx, w[s2]);
+    for (int s2 = lane; s2 < splits; s2 += 32) mx = fmaxf(mx, w[s2]);
+#pragma unroll
+    for (int o2 = 16; o2 > 0; o2 >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o2));
     const float ref = mx == NEG_INF ? 0.f : mx;
     float wsum = 0.f;
-    for (int s2 = 0; s2 < splits; ++s2) {
+    for (int s2 = lane; s2 < splits; s2 += 32) {
       w[s2] = exp2_approx(w[s2] - ref);
       wsum += w[s2];
     }
+#pragma unroll
+    for (int o2 = 16; o2 > 0; o2 >>= 1) wsum += __shfl_xor_sync(0xffffffffu, wsum, o2);
     const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
-    for (int s2 = 0; s2 < splits; ++s2) w[s2] *= inv;
+    for (int s2 = lane; s2 < splits; s2 += 32) w[s2] *= inv;
   }
   __syncthreads();
-  for (int i = tid; i < G * D; i += THREADS) {
-    const int head = i / D, d = i % D;
+  // one thread per (head, 4 channels): float4 loads of every split's partial, many in flight
+  constexpr int D4 = D / 4;
+  for (int i = tid; i < G * D4; i += THREADS) {
+    const int head = i / D4, d4 = i % D4;
     const float* w = wts + head * splits;
-    const float* po = part_o + (row0 + head) * splits * D + d;
-    float acc = 0.f;
-#pragma unroll 8
-    for (int s2 = 0; s2 < splits; ++s2) acc += w[s2] * __ldcg(po + s2 * D);
-    out[(row0 + head) * D + d] = to_bf16(acc);
+    const float4* po = reinterpret_cast<const float4*>(part_o + (row0 + head) * splits * D) + d4;
+    float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
+#pragma unroll 16
+    for (int s2 = 0; s2 < splits; ++s2) {
+      const float4 x = __ldcg(po + s2 * D4);
+      const float ww = w[s2];
+      a0 += ww * x.x;
+      a1 += ww * x.y;
+      a2 += ww * x.z;
+      a3 += ww * x.w;
+    }
+    u32* o32 = reinterpret_cast<u32*>(out + (row0 + head) * D + 4 * d4);
+    o32[0] = pack_bf16x2(a0, a1);
+    o32[1] = pack_bf16x2(a2, a3);
   }
 }
 
