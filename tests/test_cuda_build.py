@@ -42,6 +42,19 @@ def test_decode_kernel_compiles_without_spills(tmp_path, d, g, t, w, loader):
     assert runtime.resource_problems(report, REGISTER_BUDGET) == []
 
 
+@pytest.mark.parametrize("d,w,streams", [(64, 8, 48), (128, 4, 8), (128, 4, 128), (256, 4, 16), (80, 4, 40)])
+def test_chosen_occupancy_compiles_without_spills(tmp_path, monkeypatch, d, w, streams):
+    """Whatever CTAs-per-SM the planner picks (it sets the register cap), the kernel must not spill."""
+    from gaac_hf.kernels.cuda import attention as A
+
+    monkeypatch.setattr(A, "_sm_count", lambda device: 132)
+    p = A.plan(streams, 1, 4, 64, d, 65536 + 64, None, LaunchConfig(warps=w))
+    defines = p["defines"]
+    report = _build(tmp_path, defines)
+    assert set(report) == {"gaac_bf16_decode_split", "gaac_decode_combine"}
+    assert runtime.resource_problems(report, REGISTER_BUDGET) == []
+
+
 def test_planted_spill_is_caught(tmp_path):
     """8 CTAs per SM caps the d=128 kernel at 64 registers, so it spills: the check must report it."""
     defines = dict(HEAD_DIM=128, GROUP=4, PAGE=64, WARPS=4, STAGES=4, MIN_CTAS_PER_SM=8)

@@ -33,6 +33,7 @@ from . import runtime
 SOURCE = "decode_attention.cu"
 LOG2E = 1.4426950408889634
 MAX_SMEM = 227 * 1024  # dynamic shared memory one CTA may take on sm_90
+SM_SMEM = 228 * 1024   # shared memory of one SM (each resident CTA also reserves 1 KB)
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class LaunchConfig:
     warps: int | None = None    # warps per CTA, each owning 16 rows of a stage; None: 8 for d <= 64, else 4
     stages: int | None = None   # ring depth per warp; None: 3 (2 where 3 does not fit)
     num_splits: int | None = None  # None: one wave of CTAs (SMs x ctas_per_sm)
-    ctas_per_sm: int | None = None  # None: what the shared memory allows (also the register cap)
+    ctas_per_sm: int | None = None  # None: chosen with the splits to fill one wave (sets the register cap)
     min_tokens_per_split: int = 256
     l2_prefetch: int = 0        # L2 fetch size hint of the copies: 0, 64, 128 or 256 bytes
     loader: str = "cp.async"    # "cp.async" (16 B per lane) or "bulk" (the copy engine, a row per lane)
@@ -106,21 +107,14 @@ def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, 
     warps = config.warps or _default_warps(head_dim)
     stages = config.stages or _default_stages(head_dim, warps)
     tile = 16 * warps
-    defines = dict(HEAD_DIM=head_dim, GROUP=group, PAGE=block_size, WARPS=warps, STAGES=stages,
-                   MIN_CTAS_PER_SM=config.ctas_per_sm or 1, L2_PREFETCH=config.l2_prefetch,
-                   LOADER=_LOADERS[config.loader])
     smem = _smem_bytes(head_dim, warps, stages)
     if smem > MAX_SMEM:
         raise ValueError(f"head_dim {head_dim} with {warps} warps x {stages} stages needs {smem} B of shared "
                          f"memory per CTA (at most {MAX_SMEM}): use fewer warps or stages")
     splits = config.num_splits
+    per_sm = config.ctas_per_sm or 1
     if splits is None:
-        # one wave: as many CTAs as fit on the GPU at once and never more (a second, mostly empty
-        # wave costs a whole CTA's time: measured 2x at B=4 before this rule)
-        per_sm = config.ctas_per_sm or 1  # one CTA per SM measured best at B = 1 (sweep)
-        slots = _sm_count(device) * per_sm
-        splits = max(1, slots // (batch * kv_heads))
-        splits = min(splits, max(1, max_tokens // max(config.min_tokens_per_split, tile)))
+        splits, per_sm = _choose_splits(batch * kv_heads, max_tokens, tile, smem, head_dim, device, config)
     tps = math.ceil(math.ceil(max_tokens / splits) / tile) * tile
     splits = max(1, math.ceil(max_tokens / tps))
     # the same dynamic shared memory also holds the warp merge and the split weights of the merge
@@ -128,7 +122,42 @@ def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, 
     smem = max(smem, 4 * (2 * warps * nt8 + warps * nt8 * head_dim), 4 * group * splits)
     if smem > MAX_SMEM:
         raise ValueError(f"{splits} splits x {group} heads do not fit the merge in shared memory")
+    defines = dict(HEAD_DIM=head_dim, GROUP=group, PAGE=block_size, WARPS=warps, STAGES=stages,
+                   MIN_CTAS_PER_SM=per_sm, L2_PREFETCH=config.l2_prefetch, LOADER=_LOADERS[config.loader])
     return dict(defines=defines, smem=smem, splits=splits, tokens_per_split=tps, threads=32 * warps)
+
+
+# registers per thread the kernel needs at each head_dim (sm_90a ptxas, tests/test_cuda_build.py):
+# a CTAs-per-SM choice must leave them, or the kernel would spill
+_REGS_NEEDED = {64: 96, 128: 128, 256: 208}
+
+
+def _choose_splits(streams: int, max_tokens: int, tile: int, smem: int, head_dim: int, device,
+                   config: LaunchConfig) -> tuple[int, int]:
+    """(splits, CTAs per SM) filling one wave as fully as possible.
+
+    With ``streams`` = B * Hkv (sequence, kv head) pairs and ``splits`` each, the grid has
+    streams * splits CTAs; one wave holds SMs * per_sm of them. One CTA per SM streams fastest
+    (sweeps in eval/results/attention_bf16_h200.json), but when it leaves SMs idle (48 streams on
+    132 SMs: 2 splits = 96 CTAs) more CTAs per SM fill them: the fullest wave wins, ties (within 5%)
+    go to fewer CTAs per SM. Options are limited by shared memory and by the registers the kernel
+    needs (64K / (threads * per_sm) per thread).
+    """
+    sms = _sm_count(device)
+    cap = max(1, max_tokens // max(config.min_tokens_per_split, tile))
+    threads = 2 * tile  # 32 * warps
+    need = next((r for d, r in sorted(_REGS_NEEDED.items()) if head_dim <= d), 255)
+    best = None
+    for per_sm in ([config.ctas_per_sm] if config.ctas_per_sm else [1, 2, 3, 4]):
+        if per_sm > 1 and ((smem + 1024) * per_sm > SM_SMEM or 65536 // (threads * per_sm) < need):
+            continue
+        slots = sms * per_sm
+        splits = max(1, min(cap, slots // streams))
+        ctas = streams * splits
+        fill = ctas / (math.ceil(ctas / slots) * slots)  # busy fraction of the waves launched
+        if best is None or fill > best[0] * 1.05:
+            best = (fill, splits, per_sm)
+    return best[1], best[2]
 
 
 _SM_COUNT: dict = {}
