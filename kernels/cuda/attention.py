@@ -157,6 +157,9 @@ def _choose_splits(streams: int, max_tokens: int, tile: int, smem: int, head_dim
         fill = ctas / (math.ceil(ctas / slots) * slots)  # busy fraction of the waves launched
         if best is None or fill > best[0] * 1.05:
             best = (fill, splits, per_sm)
+    if best is None:
+        raise ValueError(f"{config.ctas_per_sm} CTAs per SM do not fit: {smem} B of shared memory each, and the "
+                         f"kernel needs {need} registers per thread")
     return best[1], best[2]
 
 
