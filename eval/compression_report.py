@@ -25,13 +25,14 @@ Definitions (also written into the JSON under ``definitions``):
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 import time
 from pathlib import Path
 
 import torch
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # eval/harness.py, also when loaded by path
+import harness  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO.parent / "shared" / "data"
@@ -132,7 +133,7 @@ def summarize(t: Tally, table_bytes: int, layer_types: list[str]) -> dict:
 
 
 def details(t: Tally, layer_types: list[str]) -> dict:
-    from gaac_hf.collect import range_label
+    from gaac_hf.calibration.collect import range_label
 
     per_layer = []
     for li in range(t.layer.shape[0]):
@@ -227,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     argv_used = argv if argv is not None else sys.argv[1:]
 
     from gaac_hf.calibration import CalibrationTable, format_position_table, model_kv_shape, table_from_stats
-    from gaac_hf.collect import collect_kv_stats, default_position_ranges, roundtrip, run_chunks, split_chunks, tokenize
+    from gaac_hf.calibration.collect import collect_kv_stats, default_position_ranges, roundtrip, run_chunks, split_chunks, tokenize
     from gaac_hf.format import FORMAT_VERSION
     from gaac_hf.models import load_named_model
 
@@ -332,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         "versions": {"torch": torch.__version__, "transformers": __import__("transformers").__version__},
     }
     jpath = out_dir / f"compression_{short}.json"
-    jpath.write_text(json.dumps(result, indent=1) + "\n")
+    harness.write_result(jpath, result)
     plot(out_dir / f"compression_{short}.png", f"GAAC on {model_name}: held-out {result['evaluation']['text']}, {chunks.numel()} tokens, "
          f"context {args.context}, groups along {axes[0]}", tallies[axes[0]], det, comparison)
 

@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 
 import torch
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # eval/harness.py, also when loaded by path
+import harness  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
@@ -91,7 +93,7 @@ def main(argv=None) -> int:
         "seconds": round(time.time() - t0, 1),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    harness.write_result(Path(args.out), out)
     print(f"wrote {args.out} in {time.time() - t0:.0f}s")
     return 0
 

@@ -218,7 +218,7 @@ def tiny(tiny_model_dir):
 
 
 def test_collect_histograms_and_position_ranges(tiny, tiny_model_dir):
-    from gaac_hf.collect import collect_kv_stats
+    from gaac_hf.calibration.collect import collect_kv_stats
 
     model, tok = tiny
     text = (tiny_model_dir / "text.txt").read_text()
@@ -276,7 +276,7 @@ def test_context_must_hold_whole_blocks(tiny, tiny_model_dir):
 
 
 def test_gaac_calibrate_cli(tiny_model_dir, tmp_path, capsys):
-    from gaac_hf.calibration_cli import main
+    from gaac_hf.calibration.cli import main
 
     out = tmp_path / "t.safetensors"
     rc = main(["--model", str(tiny_model_dir), "--text", str(tiny_model_dir / "text.txt"), "--context", "128",
@@ -290,7 +290,7 @@ def test_gaac_calibrate_cli(tiny_model_dir, tmp_path, capsys):
 
 
 def test_cli_missing_text_is_a_clear_error(tmp_path):
-    from gaac_hf.calibration_cli import main
+    from gaac_hf.calibration.cli import main
 
     with pytest.raises(SystemExit, match="not found"):
         main(["--text", str(tmp_path / "nope.txt")])
@@ -311,7 +311,7 @@ def test_sliding_window_layers_hybrid_cache():
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
     from gaac_hf.calibration import calibrate
-    from gaac_hf.collect import collect_kv_stats
+    from gaac_hf.calibration.collect import collect_kv_stats
 
     cfg = Gemma3TextConfig(
         vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=2,
