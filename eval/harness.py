@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import platform
 import shlex
 import subprocess
@@ -32,7 +33,11 @@ RESULTS = REPO / "eval" / "results"
 # provenance
 # ---------------------------------------------------------------------------------------------
 def git_state(repo: Path = REPO) -> tuple[str | None, bool | None]:
-    """(commit, dirty) of the checkout, or (None, None) outside a git checkout (e.g. a copied tree)."""
+    """(commit, dirty) of the checkout; ``$GAAC_COMMIT`` / ``$GAAC_DIRTY`` (0/1) where the tree was copied
+    without its git directory (the GPU machines); (None, None) when neither is known."""
+    if os.environ.get("GAAC_COMMIT"):
+        dirty = os.environ.get("GAAC_DIRTY")
+        return os.environ["GAAC_COMMIT"], (None if dirty is None else dirty not in ("0", "", "false", "False"))
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
                                 check=True).stdout.strip()

@@ -1,0 +1,218 @@
+"""Plan and launch the CUDA C++ split-KV decode attention (``decode_attention.cu``).
+
+The Python side of FlashInfer's split: this module decides the launch (splits from occupancy, shared
+memory, compile-time parameters) and launches; the kernel computes. Same paged addressing and the
+same contract as the Triton kernels (``gaac_hf.kernels.attention``: per-sequence block tables,
+``num_blocks`` / ``tail_len`` / ``kv_start`` as int32 device tensors, a BF16 tail), so the two
+backends are interchangeable and compared in ``tests/test_cuda_attention.py``.
+
+    out = bf16_decode_attention_cuda(q, k_raw, v_raw, k_table, v_table, k_tail, v_tail,
+                                     num_blocks, tail_len, kv_start=None, scale=None,
+                                     active_blocks=None, config=None, out=None)
+
+    q          bf16  [B, Hq, D]            Hq = G * Hkv; query head h reads kv head h // G
+    k_raw/v_raw bf16 [num_raw, T, D]       complete blocks (table entries e < 0 point at raw[~e])
+    k_table/v_table int32 [B, Hkv, max_blocks]
+    k_tail/v_tail bf16 [B, Hkv, T, D]      incomplete last block
+    num_blocks, tail_len, kv_start  int32 [B]
+    -> out     bf16  [B, Hq, D]
+
+No host synchronisation: the grid depends on host integers only (``active_blocks`` or the table's
+capacity), so a call can be captured in a CUDA graph.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from . import runtime
+
+SOURCE = "decode_attention.cu"
+LOG2E = 1.4426950408889634
+MAX_SMEM = 227 * 1024  # dynamic shared memory one CTA may take on sm_90
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Launch knobs of the CUDA decode kernel (defaults chosen by measurement, see eval/results)."""
+
+    warps: int | None = None    # warps per CTA, each owning 16 rows of a stage; None: 8 for d <= 64, else 4
+    stages: int | None = None   # ring depth per warp; None: 3 (2 where 3 does not fit)
+    num_splits: int | None = None  # None: one wave of CTAs (SMs x ctas_per_sm)
+    ctas_per_sm: int | None = None  # None: what the shared memory allows (also the register cap)
+    min_tokens_per_split: int = 256
+    l2_prefetch: int = 0        # L2 fetch size hint of the copies: 0, 64, 128 or 256 bytes
+    loader: str = "cp.async"    # "cp.async" (16 B per lane) or "bulk" (the copy engine, a row per lane)
+
+
+_LOADERS = {"cp.async": 0, "bulk": 1}
+
+
+def _smem_bytes(d: int, warps: int, stages: int) -> int:
+    return 2 * stages * 16 * warps * (d + 8) * 2
+
+
+def _default_stages(d: int, warps: int) -> int:
+    # measured on the H200 (eval/results/attention_bf16_h200.json "sweep"): 3 stages at one CTA per SM
+    # was best or within 1% for d = 64 / 128 / 256; deeper rings never helped
+    return 3 if _smem_bytes(d, warps, 3) <= MAX_SMEM else 2
+
+
+def _default_warps(d: int) -> int:
+    return 8 if d <= 64 else 4
+
+
+def _check(q, k_raw, v_raw, k_table, v_table, k_tail, v_tail, num_blocks, tail_len, kv_start):
+    if q.dim() != 3:
+        raise ValueError(f"q must be [B, Hq, D], got shape {tuple(q.shape)}")
+    B, HQ, D = q.shape
+    if k_tail.dim() != 4 or k_tail.shape[0] != B or k_tail.shape[3] != D:
+        raise ValueError(f"k_tail must be [B, Hkv, T, D] = [{B}, Hkv, T, {D}], got {tuple(k_tail.shape)}")
+    HKV, T = k_tail.shape[1], k_tail.shape[2]
+    if HQ % HKV:
+        raise ValueError(f"query heads ({HQ}) must be a multiple of kv heads ({HKV})")
+    if HQ // HKV > 16:
+        raise ValueError(f"at most 16 query heads per kv head are supported, got {HQ // HKV}")
+    if D % 16 or not 16 <= D <= 256:
+        raise ValueError(f"head_dim must be a multiple of 16 up to 256, got {D}")
+    if T % 16:
+        raise ValueError(f"block size must be a multiple of 16, got {T}")
+    for name, t in (("q", q), ("k_raw", k_raw), ("v_raw", v_raw), ("k_tail", k_tail), ("v_tail", v_tail)):
+        if t.dtype != torch.bfloat16:
+            raise TypeError(f"{name} must be bfloat16, got {t.dtype}")
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+    if v_tail.shape != k_tail.shape:
+        raise ValueError(f"v_tail {tuple(v_tail.shape)} differs from k_tail {tuple(k_tail.shape)}")
+    for name, t in (("k_table", k_table), ("v_table", v_table)):
+        if t.dtype != torch.int32 or t.dim() != 3 or t.shape[:2] != (B, HKV) or not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous int32 [B, Hkv, max_blocks], got {t.dtype} {tuple(t.shape)}")
+    if k_table.shape != v_table.shape:
+        raise ValueError("k_table and v_table must have the same shape")
+    for name, t in (("num_blocks", num_blocks), ("tail_len", tail_len), ("kv_start", kv_start)):
+        if t is not None and (t.dtype != torch.int32 or t.shape != (B,)):
+            raise ValueError(f"{name} must be int32 [B], got {t.dtype} {tuple(t.shape)}")
+    if k_raw.dim() != 3 or tuple(k_raw.shape[1:]) != (T, D) or tuple(v_raw.shape[1:]) != (T, D):
+        raise ValueError(f"raw pools must be [num_raw, T={T}, D={D}]")
+    return B, HQ, HKV, T, D
+
+
+def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, max_tokens: int,
+         device: torch.device, config: LaunchConfig) -> dict:
+    """Compile-time defines, grid and shared memory for one call (host arithmetic only)."""
+    warps = config.warps or _default_warps(head_dim)
+    stages = config.stages or _default_stages(head_dim, warps)
+    tile = 16 * warps
+    defines = dict(HEAD_DIM=head_dim, GROUP=group, PAGE=block_size, WARPS=warps, STAGES=stages,
+                   MIN_CTAS_PER_SM=config.ctas_per_sm or 1, L2_PREFETCH=config.l2_prefetch,
+                   LOADER=_LOADERS[config.loader])
+    smem = _smem_bytes(head_dim, warps, stages)
+    if smem > MAX_SMEM:
+        raise ValueError(f"head_dim {head_dim} with {warps} warps x {stages} stages needs {smem} B of shared "
+                         f"memory per CTA (at most {MAX_SMEM}): use fewer warps or stages")
+    splits = config.num_splits
+    if splits is None:
+        # one wave: as many CTAs as fit on the GPU at once and never more (a second, mostly empty
+        # wave costs a whole CTA's time: measured 2x at B=4 before this rule)
+        per_sm = config.ctas_per_sm or 1  # one CTA per SM measured best at B = 1 (sweep)
+        slots = _sm_count(device) * per_sm
+        splits = max(1, slots // (batch * kv_heads))
+        splits = min(splits, max(1, max_tokens // max(config.min_tokens_per_split, tile)))
+    tps = math.ceil(math.ceil(max_tokens / splits) / tile) * tile
+    splits = max(1, math.ceil(max_tokens / tps))
+    # the same dynamic shared memory also holds the warp merge and the split weights of the merge
+    nt8 = 8 * math.ceil(group / 8)
+    smem = max(smem, 4 * (2 * warps * nt8 + warps * nt8 * head_dim), 4 * group * splits)
+    if smem > MAX_SMEM:
+        raise ValueError(f"{splits} splits x {group} heads do not fit the merge in shared memory")
+    return dict(defines=defines, smem=smem, splits=splits, tokens_per_split=tps, threads=32 * warps)
+
+
+_SM_COUNT: dict = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNT[idx]
+
+
+def bf16_decode_attention_cuda(q, k_raw, v_raw, k_table, v_table, k_tail, v_tail, num_blocks, tail_len,
+                               *, kv_start=None, scale=None, active_blocks=None, config=None, out=None):
+    """Decode attention over the paged BF16 cache with the CUDA C++ kernel (see the module doc)."""
+    B, HQ, HKV, T, D = _check(q, k_raw, v_raw, k_table, v_table, k_tail, v_tail, num_blocks, tail_len, kv_start)
+    config = config or LaunchConfig()
+    max_blocks = k_table.shape[2]
+    blocks = max_blocks if active_blocks is None else min(int(active_blocks), max_blocks)
+    p = plan(B, HKV, HQ // HKV, T, D, blocks * T + T, q.device, config)
+    mod = runtime.load(SOURCE, p["defines"], q.device)
+    if out is None:
+        out = torch.empty_like(q)
+    splits = p["splits"]
+    if splits > 1:
+        part_o = torch.empty(B, HQ, splits, D, device=q.device, dtype=torch.float32)
+        part_lse = torch.empty(B, HQ, splits, device=q.device, dtype=torch.float32)
+    else:
+        part_o = part_lse = None
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    runtime.launch(mod, "gaac_bf16_decode_split", (splits, HKV, B), (p["threads"],), p["smem"],
+                   q, k_raw, v_raw, k_table, v_table, k_tail, v_tail, num_blocks, tail_len, kv_start,
+                   part_o, part_lse, out, _counters(q.device, B * HKV), np.int32(HKV), np.int32(max_blocks),
+                   np.int32(p["tokens_per_split"]), np.float32(scale * LOG2E), device=q.device)
+    return out
+
+
+_COUNTERS: dict = {}
+
+
+def _counters(device: torch.device, n: int) -> torch.Tensor:
+    """Zeroed int32 arrival counters of the in-kernel split merge, one buffer per (device, stream).
+
+    The kernel returns every counter it uses to zero, so the buffer is allocated (zeroed) once and
+    stays valid across calls and CUDA-graph replays. One buffer per stream keeps concurrent streams
+    apart. It grows (a new zeroed buffer) when a call needs more (sequence, kv head) pairs.
+    """
+    key = (device, torch.cuda.current_stream(device).cuda_stream)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < n:
+        buf = _COUNTERS[key] = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+    return buf
+
+
+def pack_paged_bf16(x: torch.Tensor, seq_lens: list[int], block_size: int, *, shuffle: bool = True,
+                    generator: torch.Generator | None = None) -> dict:
+    """Dense bf16 ``[B, Hkv, S, D]`` (sequence b valid in ``[:seq_lens[b]]``) -> a paged BF16 cache.
+
+    Every complete block goes to the raw pool (in a shuffled order when ``shuffle``, so the block
+    table's indirection is exercised); the rest of each sequence to its tail. Any head_dim.
+    Returns dict(raw [num_raw, T, D], table int32 [B, Hkv, max_blocks], tail [B, Hkv, T, D],
+    num_blocks int32 [B], tail_len int32 [B], max_blocks).
+    """
+    B, H, S, D = x.shape
+    T = block_size
+    dev = x.device
+    nbs = [n // T for n in seq_lens]
+    maxb = max(1, max(nbs))
+    n = sum(H * nb for nb in nbs)
+    blocks = [x[b, :, : nbs[b] * T].reshape(H * nbs[b], T, D) for b in range(B)]
+    raw = torch.cat(blocks) if n else x.new_zeros(0, T, D)
+    order = torch.randperm(n, generator=generator, device="cpu").to(dev) if shuffle and n else torch.arange(n, device=dev)
+    pool = torch.empty_like(raw)
+    pool[order] = raw  # block k lives in pool row order[k]
+    table = torch.zeros(B, H, maxb, dtype=torch.int32, device=dev)
+    tail = torch.zeros(B, H, T, D, dtype=torch.bfloat16, device=dev)
+    k = 0
+    for b in range(B):
+        table[b, :, : nbs[b]] = (-1 - order[k: k + H * nbs[b]]).to(torch.int32).reshape(H, nbs[b])
+        k += H * nbs[b]
+        r = seq_lens[b] - nbs[b] * T
+        tail[b, :, :r] = x[b, :, nbs[b] * T: seq_lens[b]]
+    if pool.shape[0] == 0:
+        pool = x.new_zeros(1, T, D)
+    return dict(raw=pool.contiguous(), table=table, tail=tail, max_blocks=maxb,
+                num_blocks=torch.tensor(nbs, dtype=torch.int32, device=dev),
+                tail_len=torch.tensor([s - nb * T for s, nb in zip(seq_lens, nbs)], dtype=torch.int32, device=dev))

@@ -1,0 +1,82 @@
+"""CPU checks of the CUDA C++ kernels: they compile for sm_90a, use no local memory and stay inside
+their register budget (CI has nvcc/ptxas but no GPU). A planted spill must fail the check.
+
+The build line is ``runtime.nvcc_command``: the same source, include path and -D parameters that
+NVRTC compiles at run time. Where ``cuda.core`` is installed the NVRTC path is compiled too.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+
+from gaac_hf.kernels.cuda import runtime
+from gaac_hf.kernels.cuda.attention import SOURCE, LaunchConfig, _default_stages, plan
+
+NVCC = shutil.which("nvcc")
+pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH (the CUDA toolkit's compiler)")
+
+# (head_dim, group, block size, warps): the tuned shapes, odd head_dims, GQA groups 1..16
+CONFIGS = [
+    (128, 4, 64, 4), (64, 3, 64, 4), (256, 4, 64, 4), (128, 1, 64, 4), (128, 16, 64, 4),
+    (80, 10, 64, 4), (96, 3, 32, 4), (112, 4, 128, 4), (16, 4, 16, 1), (128, 4, 64, 8),
+]
+REGISTER_BUDGET = 255  # one CTA per SM of 128-256 threads: the hardware cap, and never local memory
+
+
+def _build(tmp_path, defines, extra=()):
+    out = tmp_path / "k.cubin"
+    cmd = runtime.nvcc_command(SOURCE, defines, "sm_90a", str(out)) + list(extra)
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return runtime.parse_ptxas(res.stdout + res.stderr)
+
+
+@pytest.mark.parametrize("d,g,t,w", CONFIGS)
+@pytest.mark.parametrize("loader", [0, 1])
+def test_decode_kernel_compiles_without_spills(tmp_path, d, g, t, w, loader):
+    defines = dict(HEAD_DIM=d, GROUP=g, PAGE=t, WARPS=w, STAGES=_default_stages(d, w), LOADER=loader)
+    report = _build(tmp_path, defines)
+    assert set(report) == {"gaac_bf16_decode_split", "gaac_decode_combine"}
+    assert runtime.resource_problems(report, REGISTER_BUDGET) == []
+
+
+def test_planted_spill_is_caught(tmp_path):
+    """8 CTAs per SM caps the d=128 kernel at 64 registers, so it spills: the check must report it."""
+    defines = dict(HEAD_DIM=128, GROUP=4, PAGE=64, WARPS=4, STAGES=4, MIN_CTAS_PER_SM=8)
+    report = _build(tmp_path, defines)
+    problems = runtime.resource_problems(report, REGISTER_BUDGET)
+    assert any("local memory" in p for p in problems), report
+    assert runtime.resource_problems(report, 16) and any("budget" in p for p in runtime.resource_problems(report, 16))
+
+
+def test_bad_parameters_fail_to_compile(tmp_path):
+    out = tmp_path / "k.cubin"
+    cmd = runtime.nvcc_command(SOURCE, dict(HEAD_DIM=72, GROUP=4, PAGE=64, WARPS=4, STAGES=2), "sm_90a", str(out))
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode != 0 and "multiple of 16" in res.stdout + res.stderr
+
+
+def test_nvrtc_path_when_cuda_core_is_installed(tmp_path, monkeypatch):
+    pytest.importorskip("cuda.core")
+    monkeypatch.setenv("GAAC_CUDA_CACHE", str(tmp_path))
+    defines = dict(HEAD_DIM=128, GROUP=4, PAGE=64, WARPS=4, STAGES=4)
+    cubin, log, key = runtime.compile_cubin(SOURCE, defines, "sm_90a")
+    assert cubin[:4] == b"\x7fELF"
+    report = runtime.parse_ptxas(log)
+    assert runtime.resource_problems(report, REGISTER_BUDGET) == []
+    again, _, key2 = runtime.compile_cubin(SOURCE, defines, "sm_90a")  # from the disk cache
+    assert again == cubin and key2 == key and len(list(tmp_path.glob("*.cubin"))) == 1
+    _, _, key3 = runtime.compile_cubin(SOURCE, dict(defines, STAGES=3), "sm_90a")
+    assert key3 != key
+
+
+def test_launch_config_defaults_fit_shared_memory():
+    from gaac_hf.kernels.cuda.attention import _smem_bytes
+
+    for d in range(16, 257, 16):
+        assert _smem_bytes(d, 4, _default_stages(d, 4)) <= 227 * 1024
+    with pytest.raises(ValueError, match="shared memory"):
+        plan(1, 1, 4, 64, 256, 4096, None, LaunchConfig(warps=8, num_splits=1))
+    assert LaunchConfig().warps is None
