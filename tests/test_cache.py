@@ -458,7 +458,7 @@ def test_crop_positive_and_to_zero(model_tok, table):
     cache.crop(-9)  # 61 = 3 blocks + 13: block 3 goes back to the tail
     dyn.layers[0].crop(-9)
     _assert_layer0_equal(cache, dyn)
-    if gaac_hf.cache._POSITIVE_CROP_IS_LENGTH:
+    if gaac_hf.cache.compat.POSITIVE_CROP_IS_LENGTH:
         cache.crop(30)
         dyn.layers[0].crop(30)
         _assert_layer0_equal(cache, dyn)
@@ -499,6 +499,10 @@ def test_shipped_table_by_repo_relative_path(model_tok, text_ids, tmp_path, monk
     monkeypatch.chdir(tmp_path)
     cache = GAACCache(model.config, calibration="calibration_data/smollm2-135m.safetensors")
     assert cache.geometry.block_size == 64
+    by_name = GAACCache(model.config, calibration="smollm2-135m")  # the shipped name, as the README writes it
+    assert torch.equal(by_name.table.base8, cache.table.base8) and torch.equal(by_name.table.base16, cache.table.base16)
+    with pytest.raises(FileNotFoundError, match="shipped: 'smollm2-135m'"):
+        GAACCache(model.config, calibration="smollm2-1b")
     with attention(model, "gaac"), torch.no_grad():
         model(text_ids[:, 8000:8140], past_key_values=cache, logits_to_keep=1)
     st = cache.stats()
