@@ -6,9 +6,9 @@ cannot shadow the PyPI package ``kernels`` that transformers probes for hub kern
 * :mod:`.reference`: the fp64 attention reference the kernels are checked against (the codec kernels'
   reference is :mod:`gaac_hf.codec`).
 * ``triton/``: the portable Triton kernels (encoder, decoders, fused decode attention); needs Triton.
-* ``cuda/``: the Hopper CUDA C++ kernels (compiled at run time), reading the same :class:`PagedKV`.
+* ``cuda/``: the Hopper CUDA C++ kernels, compiled at run time (``gaac-hf[cuda]``).
 
-``gaac_hf.kernels.encode`` / ``.decode`` / ``.attention`` still name the Triton modules.
+``from gaac_hf.kernels import encode`` (``decode``, ``attention``) still gives the Triton modules.
 """
 from .paged import DEFAULT_LAUNCH, LaunchConfig, PagedKV, PagedTensor
 
