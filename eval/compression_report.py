@@ -35,9 +35,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # eval/harness.py, als
 import harness  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-DATA = REPO.parent / "shared" / "data"
-CALIB_TEXT = DATA / "wikitext-2-v1" / "valid.txt"
-EVAL_TEXT = DATA / "wikitext-2-raw-v1" / "wiki.test.raw"
+def _data_file(rel: str) -> Path:
+    """A shared data file in gaac_hf.data's order ($GAAC_HF_DATA, ../shared/data); the first place if none has it."""
+    from gaac_hf.data import DataNotFound, data_dirs, data_file
+
+    try:
+        return data_file(rel)
+    except DataNotFound:
+        return data_dirs()[0] / rel
+
+
+CALIB_TEXT = _data_file("wikitext-2-v1/valid.txt")
+EVAL_TEXT = _data_file("wikitext-2-raw-v1/wiki.test.raw")
 SHIPPED = {"smollm2": REPO / "calibration_data" / "smollm2-135m.safetensors"}
 
 DEFINITIONS = {
@@ -157,10 +166,7 @@ def details(t: Tally, layer_types: list[str]) -> dict:
 
 
 def plot(path: Path, title: str, primary: Tally, det: dict, comparison: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = harness.pyplot()
 
     fig, ax = plt.subplots(2, 2, figsize=(13, 8.5))
     layers = [r["layer"] for r in det["per_layer"]]

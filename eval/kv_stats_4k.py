@@ -24,7 +24,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # eval/harness.py, als
 import harness  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "data"
 
 
 def prefill(model, ids: torch.Tensor):
@@ -47,13 +46,14 @@ def main(argv=None) -> int:
     from gaac_hf.cache import GAACCache
     from gaac_hf.calibration import CalibrationTable
     from gaac_hf.format import FORMAT_VERSION
+    from gaac_hf.data import wikitext
     from gaac_hf.models import load_smollm2
 
     t0 = time.time()
     model, tok = load_smollm2()
     table = CalibrationTable.load(args.table)
     n = args.context
-    test_ids = tok((SHARED / "wikitext-2-raw-v1" / "wiki.test.raw").read_text(encoding="utf-8"),
+    test_ids = tok(wikitext("test")[0],
                    return_tensors="pt").input_ids[:, :n]
     if test_ids.shape[1] < n:
         raise SystemExit(f"held-out text has only {test_ids.shape[1]} tokens")

@@ -16,12 +16,10 @@ import json
 import sys
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # eval/harness.py, also when loaded by path
 import harness  # noqa: E402
+
+plt = harness.pyplot()
 
 ALIASES = {"llama-3.1-8b": "qwen3-8b"}
 

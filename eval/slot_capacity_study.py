@@ -71,11 +71,14 @@ def main(argv=None):
     p.add_argument("--context", type=int, default=4096)
     p.add_argument("--block-sizes", type=int, nargs="+", default=[64, 128, 256])
     p.add_argument("--table", default=str(REPO / "calibration_data" / "smollm2-135m.safetensors"))
-    p.add_argument("--text", default=str(REPO.parent / "shared" / "data" / "wikitext-2-raw-v1" / "wiki.test.raw"))
+    p.add_argument("--text", default=None, help="held-out text (default: WikiText-2 test, found as gaac_hf.data says)")
     p.add_argument("--out", default=str(REPO / "eval" / "results" / "slot_capacity_smollm2.json"))
     args = p.parse_args(argv)
     model, tok = load_smollm2()
-    ids = tok(Path(args.text).read_text(encoding="utf-8")[: args.context * 16], return_tensors="pt").input_ids[:, : args.context]
+    from gaac_hf.data import wikitext
+
+    text = Path(args.text).read_text(encoding="utf-8") if args.text else wikitext("test")[0]
+    ids = tok(text[: args.context * 16], return_tensors="pt").input_ids[:, : args.context]
     if ids.shape[1] < args.context:
         sys.exit(f"text too short for {args.context} tokens")
     cache = DynamicCache(config=model.config)
