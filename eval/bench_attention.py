@@ -3,7 +3,7 @@
     python eval/bench_attention.py --out eval/results/attention_h200.json [--budget-s 300] [--smoke]
 
 All four run in the same process on the same K/V (synthetic, KV-like exponent statistics from
-``gaac_hf.kernels.synth``: per-channel log-normal magnitudes, a sink token; calibrated on the first 4K
+``gaac_hf.calibration.synthetic``: per-channel log-normal magnitudes, a sink token; calibrated on the first 4K
 tokens). Times are medians of ``triton.testing.do_bench`` (events; it flushes the L2 with a 256 MB
 write before every call, so repeated calls never read the KV from cache). First a small config sweep
 on the first case of each shape picks num_warps / programs-per-SM for each of our kernels (per shape
@@ -13,8 +13,6 @@ runs in priority order until the time budget is spent (cut cases are listed in t
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import os
 import platform
 import sys
@@ -24,8 +22,14 @@ import torch
 import triton
 
 from gaac_hf.format import BlockGeometry
-from gaac_hf.kernels import attention as A
-from gaac_hf.kernels.synth import calibrate, synthetic_kv
+from gaac_hf.kernels import LaunchConfig
+from gaac_hf.kernels.triton import attention as A
+from gaac_hf.kernels.triton import pack as P
+from gaac_hf.calibration.synthetic import calibrate, synthetic_kv
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # eval/harness.py, also when loaded by path
+import harness  # noqa: E402
 
 SHAPES = {  # q heads, kv heads, head_dim
     "qwen3-8b": (32, 8, 128),
@@ -49,51 +53,7 @@ def case_list(smoke: bool):
 
 
 TIMER = "events"  # --timer: "events" (do_bench), "graph" (CUDA graph replay), "both"
-_FLUSH = {}
-
-
-def _flush_buf(dev):
-    if dev not in _FLUSH:  # 256 MB, like do_bench's L2 flush (the H200's L2 is 50 MB)
-        _FLUSH[dev] = torch.empty(64 * 2**20, dtype=torch.int32, device=dev)
-    return _FLUSH[dev]
-
-
-def timeit_graph(fn, n=10, reps=15):
-    """GPU time of one call without host launch overhead: n x (L2 flush, fn) captured in one CUDA graph,
-    replayed `reps` times; minus a graph of the n flushes alone; median, divided by n. Launch-bound
-    calls (small contexts, Python wrappers) read their kernel time here, their wall time under events."""
-    buf = _flush_buf(torch.device("cuda", torch.cuda.current_device()))
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up off the capture stream, as torch.cuda.graphs recommends
-        buf.zero_()
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graphs = []
-    for with_fn in (True, False):
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for _ in range(n):
-                buf.zero_()
-                if with_fn:
-                    fn()
-        graphs.append(g)
-    med = []
-    for g in graphs:
-        g.replay()
-        torch.cuda.synchronize()
-        ts = []
-        for _ in range(reps):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            g.replay()
-            b.record()
-            b.synchronize()
-            ts.append(a.elapsed_time(b))
-        med.append(sorted(ts)[len(ts) // 2])
-    del graphs
-    return (med[0] - med[1]) / n * 1e3
+timeit_graph = harness.timeit_graph
 
 
 def timeit(fn, smoke, timer=None):
@@ -127,10 +87,11 @@ class Case:
         tags = torch.cat([e.tags.flatten() for e in probe])
         self.modes = [float((tags == m).float().mean()) for m in range(3)]
         lens = [S] * B
-        self.pk = A.pack_paged_kv(self.k, lens, *self.kb, self.geom)
-        self.pv = A.pack_paged_kv(self.v, lens, *self.vb, self.geom)
-        self.bk = A.pack_paged_kv(self.k, lens, None, None, self.geom, compress=False)
-        self.bv = A.pack_paged_kv(self.v, lens, None, None, self.geom, compress=False)
+        self.pk = P.pack_paged_kv(self.k, lens, *self.kb, self.geom)
+        self.pv = P.pack_paged_kv(self.v, lens, *self.vb, self.geom)
+        self.bk = P.pack_paged_kv(self.k, lens, None, None, self.geom, compress=False)
+        self.bv = P.pack_paged_kv(self.v, lens, None, None, self.geom, compress=False)
+        self.kv, self.bkv = P.paged_kv(self.pk, self.pv), P.paged_kv(self.bk, self.bv)
         g = torch.Generator(device=dev).manual_seed(seed + 2)
         self.q = torch.randn(B, hq, d, generator=g, device=dev).to(torch.bfloat16)
         self.q4 = self.q.unsqueeze(2)
@@ -140,28 +101,23 @@ class Case:
         g = self.geom
         total = 0
         for p in (self.pk, self.pv):
-            n_slots = int((p["table"] >= 0).sum())
-            n_raw = int((p["table"] < 0).sum())
-            total += n_slots * (g.slot_bytes + 8) + p["escape_bytes"] + n_raw * g.raw_bytes + p["table"].numel() * 4
-            total += int(p["tail_len"].sum()) * self.hkv * self.d * 2
+            table = p.tensor.table
+            n_slots = int((table >= 0).sum())
+            n_raw = int((table < 0).sum())
+            total += n_slots * (g.slot_bytes + 8) + p.escape_bytes + n_raw * g.raw_bytes + table.numel() * 4
+            total += int(p.tail_len.sum()) * self.hkv * self.d * 2
         bf16 = 2 * self.B * self.hkv * self.S * self.d * 2
         return total, bf16
 
     def gaac(self, warps=4, pps=4, ts=32, stages=1, maxnreg=None):
         S = self.splits(pps)
-        pk, pv = self.pk, self.pv
-        return lambda: A.gaac_decode_attention(
-            self.q, pk["slots"], pv["slots"], pk["heap"], pv["heap"], pk["esc_start"], pv["esc_start"], pk["raw"], pv["raw"], pk["table"], pv["table"], pk["tail"],
-            pv["tail"], pk["num_blocks"], pk["tail_len"], *self.kb, *self.vb, self.geom,
-            num_splits=S, out=self.out, num_warps=warps, num_stages=stages, tile_tokens=ts, maxnreg=maxnreg)
+        launch = LaunchConfig(num_splits=S, num_warps=warps, num_stages=stages, tile_tokens=ts, maxnreg=maxnreg)
+        return lambda: A.gaac_decode_attention(self.q, self.kv, out=self.out, launch=launch)
 
     def bf16(self, warps=4, pps=4, ts=32, stages=1, maxnreg=None, same_path=False):
         S = self.splits(pps)
-        bk, bv = self.bk, self.bv
-        return lambda: A.bf16_decode_attention(
-            self.q, bk["raw"], bv["raw"], bk["table"], bv["table"], bk["tail"], bv["tail"], bk["num_blocks"],
-            bk["tail_len"], self.geom, num_splits=S, out=self.out, num_warps=warps, num_stages=stages,
-            same_path=same_path, tile_tokens=ts, maxnreg=maxnreg)
+        launch = LaunchConfig(num_splits=S, num_warps=warps, num_stages=stages, tile_tokens=ts, maxnreg=maxnreg)
+        return lambda: A.bf16_decode_attention(self.q, self.bkv, out=self.out, launch=launch, same_path=same_path)
 
     def decompress(self, backend):
         """The cache's unfused CUDA path (``GAACCache(fused=False)`` / ``"auto"``): K and V decoded
@@ -169,14 +125,13 @@ class Case:
         allocated per call as in ``GAACLayer.full_kv``), then SDPA on them."""
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        from gaac_hf.kernels.decode import decode_tables_triton
+        from gaac_hf.kernels.triton.decode import decode_tables_triton
 
         be = {"fa2": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
         T = self.geom.block_size
         nb, tl = self.S // T, self.S % T
-        pools = [(p["slots"], p["heap"], p["esc_start"], p["raw"], p["table"], *bases)
-                 for p, bases in ((self.pk, self.kb), (self.pv, self.vb))]
-        tails = [self.pk["tail"][:, :, :tl], self.pv["tail"][:, :, :tl]]
+        pools = [self.kv.k, self.kv.v]
+        tails = [self.kv.k.tail[:, :, :tl], self.kv.v.tail[:, :, :tl]]
 
         def f():
             kv = torch.empty(2, self.B, self.hkv, self.S, self.d, dtype=torch.bfloat16, device=self.q.device)
@@ -188,7 +143,7 @@ class Case:
 
     def splits(self, pps):
         A.PROGRAMS_PER_SM = pps
-        return A.default_num_splits(self.B, self.hkv, self.pk["max_blocks"], self.q.device)
+        return A.default_num_splits(self.B, self.hkv, self.pk.max_blocks, self.q.device)
 
     def sdpa(self, backend):
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -280,7 +235,7 @@ def main():
                 "CUDA-graph replay, 10 x (256 MB L2 flush + call) minus 10 flushes, median of 15 replays")
                + ("; us_graph: CUDA-graph replay (GPU time without host launch)" if args.timer == "both" else "")
                + "; synthetic KV-like data "
-               "(gaac_hf.kernels.synth), windows calibrated on the first 4K tokens; block 64 tokens",
+               "(gaac_hf.calibration.synthetic), windows calibrated on the first 4K tokens; block 64 tokens",
         note_same_shape={k: f"same attention shape as {v}: rows measured once under {v}" for k, v in SAME_SHAPE.items()},
         rows=[], cut=[],
     )
@@ -366,8 +321,8 @@ def main():
             tbps={"gaac": gb / us["gaac"] / 1e6, **{k: (bfb / us[k] / 1e6 if us.get(k) else None) for k in ("fa2", "cudnn", "bf16_ours")}},
             bit_identical_vs_bf16_ours=bits_equal(o_g, o_b), bit_identical_vs_same_path=bits_equal(o_g, o_same),
             bit_identical_vs_bf16_ours_same_config=bits_equal(o_g, o_b_same_cfg),
-            rel_err_vs_fa2=rel, modes_3_4_raw=case.modes, fits_fraction=[case.pk["fits_fraction"], case.pv["fits_fraction"]],
-            escape_bytes_per_block=(case.pk["escape_bytes"] + case.pv["escape_bytes"]) / max(1, int((case.pk["table"] >= 0).sum() + (case.pv["table"] >= 0).sum())),
+            rel_err_vs_fa2=rel, modes_3_4_raw=case.modes, fits_fraction=[case.pk.fits_fraction, case.pv.fits_fraction],
+            escape_bytes_per_block=(case.pk.escape_bytes + case.pv.escape_bytes) / max(1, int((case.pk.tensor.table >= 0).sum() + (case.pv.tensor.table >= 0).sum())),
             slot_bytes=case.geom.slot_bytes, format_version=2, launch=info,
             **({"bit_identical_decompress_cudnn_vs_cudnn": decomp_bits} if decomp_bits is not None else {}),
         )
@@ -388,11 +343,9 @@ def main():
         if dev == "cuda":
             torch.cuda.empty_cache()
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(meta, f, indent=1)
+        harness.write_result(args.out, meta)
     meta["elapsed_s"] = time.time() - t0
-    with open(args.out, "w") as f:
-        json.dump(meta, f, indent=1)
+    harness.write_result(args.out, meta)
 
 
 if __name__ == "__main__":

@@ -12,14 +12,14 @@ stages, CTAs per SM, loader) on one case per shape; the grid runs the product's 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
-import subprocess
 import sys
 import time
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # eval/harness.py
+import harness  # noqa: E402
 
 SHAPES = {"qwen3-8b": (32, 8, 128), "smollm2-135m": (9, 3, 64), "gemma3": (4, 1, 256)}
 SAME_SHAPE = {"llama-3.1-8b": "qwen3-8b"}
@@ -29,60 +29,10 @@ T = 64
 
 
 def provenance(argv) -> dict:
-    commit = os.environ.get("GAAC_COMMIT")
-    dirty = os.environ.get("GAAC_DIRTY")
-    if commit is None:
-        try:
-            commit = subprocess.check_output(["git", "rev-parse", "HEAD"], text=True).strip()
-            dirty = bool(subprocess.check_output(["git", "status", "--porcelain"], text=True).strip())
-        except Exception:
-            commit = "unknown"
-    import triton
-    import transformers
-
-    return dict(commit=commit, dirty=dirty, command=" ".join([sys.executable.split("/")[-1], *argv]),
-                gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                transformers=transformers.__version__, cuda=torch.version.cuda, python=platform.python_version(),
-                date=time.strftime("%Y-%m-%d %H:%M:%S"))
+    return harness.provenance(shapes=SHAPES, argv=argv) | {"cuda": torch.version.cuda}
 
 
-_FLUSH = {}
-
-
-def timeit_graph(fn, n=10, reps=15):
-    """GPU microseconds of one call, L2 flushed before each (see the module doc)."""
-    dev = torch.device("cuda", torch.cuda.current_device())
-    if dev not in _FLUSH:
-        _FLUSH[dev] = torch.empty(64 * 2**20, dtype=torch.int32, device=dev)
-    buf = _FLUSH[dev]
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        buf.zero_()
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    meds = []
-    for with_fn in (True, False):
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for _ in range(n):
-                buf.zero_()
-                if with_fn:
-                    fn()
-        g.replay()
-        torch.cuda.synchronize()
-        ts = []
-        for _ in range(reps):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            g.replay()
-            b.record()
-            b.synchronize()
-            ts.append(a.elapsed_time(b))
-        meds.append(sorted(ts)[len(ts) // 2])
-        del g
-    return (meds[0] - meds[1]) / n * 1e3
+timeit_graph = harness.timeit_graph  # GPU microseconds of one call, L2 flushed before each (see the module doc)
 
 
 class Case:
@@ -118,14 +68,22 @@ class Case:
 
     def triton(self):
         from gaac_hf.format import BlockGeometry
-        from gaac_hf.kernels import attention as A
+        from gaac_hf.kernels import LaunchConfig, PagedKV, PagedTensor
+        from gaac_hf.kernels.triton import attention as A
 
         geom = BlockGeometry(block_size=T, head_dim=self.d)
         S = A.default_num_splits(self.B, self.hkv, self.pk["max_blocks"], self.q.device)
-        pk, pv = self.pk, self.pv
-        return lambda: A.bf16_decode_attention(
-            self.q, pk["raw"], pv["raw"], pk["table"], pv["table"], pk["tail"], pv["tail"], pk["num_blocks"],
-            pk["tail_len"], geom, num_splits=S, out=self.out, tile_tokens=64)
+        dev = self.q.device
+
+        def paged(p):  # a BF16-only paged tensor: the slot pool, heap and bases are never read
+            u8 = torch.uint8
+            return PagedTensor(torch.zeros(1, geom.slot_bytes, dtype=u8, device=dev), torch.zeros(1, dtype=u8, device=dev),
+                               torch.zeros(1, dtype=torch.int64, device=dev), p["raw"], p["table"], p["tail"],
+                               torch.zeros(self.hkv, self.d, dtype=u8, device=dev), torch.zeros(self.hkv, self.d, dtype=u8, device=dev))
+
+        kv = PagedKV(paged(self.pk), paged(self.pv), self.pk["num_blocks"], self.pk["tail_len"], geom)
+        launch = LaunchConfig(num_splits=S, tile_tokens=64)
+        return lambda: A.bf16_decode_attention(self.q, kv, out=self.out, launch=launch)
 
     def sdpa(self, backend):
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -265,9 +223,7 @@ def main(argv=None):
               f"vs fa2 {row['cuda_vs_fa2'] or 0:.3f}  err {err['cuda_bf16']}", flush=True)
         del case
         torch.cuda.empty_cache()
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as fh:
-        json.dump(result, fh, indent=1)
+    harness.write_result(args.out, result)
     print(f"wrote {args.out} ({len(result['rows'])} rows, {len(result['cut'])} cut) in {time.time() - t_start:.0f} s")
 
 

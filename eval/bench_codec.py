@@ -4,12 +4,11 @@
 
 GB/s counts BF16 bytes (encoder input, decoder output), as SplitZip and the issue's targets do.
 Sizes: one block (latency), 1,024 blocks, and a whole Qwen3-8B layer's K at 64K (8 heads x 1,024
-blocks of 64 x 128 = 134 MB). Data: synthetic KV-like K (``gaac_hf.kernels.synth``).
+blocks of 64 x 128 = 134 MB). Data: synthetic KV-like K (``gaac_hf.calibration.synthetic``).
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -19,25 +18,19 @@ import triton
 
 from gaac_hf.codec import decode_blocks, encode_blocks, pack_escapes
 from gaac_hf.format import BlockGeometry
-from gaac_hf.kernels.decode import decode_blocks_triton
-from gaac_hf.kernels.encode import append_escapes_triton, encode_blocks_triton
-from gaac_hf.kernels.synth import calibrate, synthetic_kv
+from gaac_hf.kernels import LaunchConfig
+from gaac_hf.kernels.triton.decode import decode_blocks_triton
+from gaac_hf.kernels.triton.encode import append_escapes_triton, encode_blocks_triton
+from gaac_hf.calibration.synthetic import calibrate, synthetic_kv
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # eval/harness.py, also when loaded by path
+import harness  # noqa: E402
 
 
 def gpu_us(fn, reps: int = 10) -> float:
-    """Median-free GPU busy time per call: kernel durations summed by torch.profiler over ``reps`` calls."""
-    from torch.profiler import ProfilerActivity, profile
-
-    if not torch.cuda.is_available():  # CPU smoke runs of this script
-        fn()
-        return float("nan")
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            fn()
-        torch.cuda.synchronize()
-    return sum(e.self_device_time_total for e in prof.key_averages()) / reps
+    """GPU busy time per call (the profiler's kernel time, after one warm-up call)."""
+    return harness.gpu_busy_us(fn, reps, warmup=True)
 
 
 def main():
@@ -106,7 +99,7 @@ def main():
             for cfg in filter(None, args.decode_configs.split(";")):
                 w, ts = (int(x) for x in cfg.split(","))
                 name = f"decode_fast_w{w}_ts{ts}"
-                f = (lambda w=w, ts=ts: decode_blocks_triton(sl, esc, st8, st16, geom, out=out, fast=True, tile_tokens=ts, num_warps=w))
+                f = (lambda w=w, ts=ts: decode_blocks_triton(sl, esc, st8, st16, geom, out=out, fast=True, launch=LaunchConfig(tile_tokens=ts, num_warps=w)))
                 out.fill_(float("nan"))
                 f()
                 ok_dec = ok_dec and bool(torch.equal(out.view(torch.int16), xb[fit].view(torch.int16)))
@@ -129,8 +122,7 @@ def main():
                 python=platform.python_version()), command=" ".join(["python"] + sys.argv),
                 method="median of triton.testing.do_bench (L2 flushed before each call); GB/s of BF16 bytes", rows=rows)
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(meta, f, indent=1)
+    harness.write_result(args.out, meta)
 
 
 if __name__ == "__main__":

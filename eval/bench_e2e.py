@@ -28,6 +28,10 @@ from collections import defaultdict
 from contextlib import contextmanager, nullcontext
 
 import torch
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # eval/harness.py, also when loaded by path
+import harness  # noqa: E402
 
 
 def qwen3_8b_config():
@@ -48,9 +52,7 @@ def tiny_config():
                        num_attention_heads=8, num_key_value_heads=2, head_dim=128, tie_word_embeddings=False)
 
 
-def _sync():
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
+_sync = harness.sync
 
 
 def build_model(dev, tiny=False):
@@ -136,30 +138,8 @@ def inplace_static_sdpa():
 STATIC_CALLS: dict = defaultdict(int)
 
 
-def gpu_busy_us(fn, steps):
-    """Sum of CUDA kernel time per call of fn, from the profiler (excludes launch gaps)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    if not torch.cuda.is_available():
-        return float("nan")
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            fn()
-        torch.cuda.synchronize()
-    total = sum(e.self_device_time_total for e in prof.key_averages())
-    return total / steps
-
-
-def wall_us(fn, steps):
-    _sync()
-    t = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        fn()
-        _sync()
-        t.append(time.perf_counter() - t0)
-    t.sort()
-    return t[len(t) // 2] * 1e6
+gpu_busy_us = harness.gpu_busy_us
+wall_us = harness.wall_us
 
 
 def run_case(model, table, B, S, dev, args):
@@ -315,8 +295,7 @@ def main(argv=None):
         out["rows"].append(row)
         out["sdpa_calls"] = dict(STATIC_CALLS)
         print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items() if not isinstance(v, dict)}), flush=True)
-        with open(args.out, "w") as f:
-            json.dump(out, f, indent=1)
+        harness.write_result(args.out, out)
     print(f"{'B':>2} {'ctx':>6} {'wall fa2':>9} {'cudnn':>8} {'st-cudnn':>8} {'gaac':>8} {'gpu fa2':>8} {'cudnn':>8} {'st-cudnn':>8} {'gaac':>8} {'ideal':>6} {'prefill+':>8}")
     for r in out["rows"]:
         if "error" in r:

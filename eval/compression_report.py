@@ -25,18 +25,28 @@ Definitions (also written into the JSON under ``definitions``):
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 import time
 from pathlib import Path
 
 import torch
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # eval/harness.py, also when loaded by path
+import harness  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-DATA = REPO.parent / "shared" / "data"
-CALIB_TEXT = DATA / "wikitext-2-v1" / "valid.txt"
-EVAL_TEXT = DATA / "wikitext-2-raw-v1" / "wiki.test.raw"
+def _data_file(rel: str) -> Path:
+    """A shared data file in gaac_hf.data's order ($GAAC_HF_DATA, ../shared/data); the first place if none has it."""
+    from gaac_hf.data import DataNotFound, data_dirs, data_file
+
+    try:
+        return data_file(rel)
+    except DataNotFound:
+        return data_dirs()[0] / rel
+
+
+CALIB_TEXT = _data_file("wikitext-2-v1/valid.txt")
+EVAL_TEXT = _data_file("wikitext-2-raw-v1/wiki.test.raw")
 SHIPPED = {"smollm2": REPO / "calibration_data" / "smollm2-135m.safetensors"}
 
 DEFINITIONS = {
@@ -132,7 +142,7 @@ def summarize(t: Tally, table_bytes: int, layer_types: list[str]) -> dict:
 
 
 def details(t: Tally, layer_types: list[str]) -> dict:
-    from gaac_hf.collect import range_label
+    from gaac_hf.calibration.collect import range_label
 
     per_layer = []
     for li in range(t.layer.shape[0]):
@@ -156,10 +166,7 @@ def details(t: Tally, layer_types: list[str]) -> dict:
 
 
 def plot(path: Path, title: str, primary: Tally, det: dict, comparison: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = harness.pyplot()
 
     fig, ax = plt.subplots(2, 2, figsize=(13, 8.5))
     layers = [r["layer"] for r in det["per_layer"]]
@@ -227,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     argv_used = argv if argv is not None else sys.argv[1:]
 
     from gaac_hf.calibration import CalibrationTable, format_position_table, model_kv_shape, table_from_stats
-    from gaac_hf.collect import collect_kv_stats, default_position_ranges, roundtrip, run_chunks, split_chunks, tokenize
+    from gaac_hf.calibration.collect import collect_kv_stats, default_position_ranges, roundtrip, run_chunks, split_chunks, tokenize
     from gaac_hf.format import FORMAT_VERSION
     from gaac_hf.models import load_named_model
 
@@ -332,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         "versions": {"torch": torch.__version__, "transformers": __import__("transformers").__version__},
     }
     jpath = out_dir / f"compression_{short}.json"
-    jpath.write_text(json.dumps(result, indent=1) + "\n")
+    harness.write_result(jpath, result)
     plot(out_dir / f"compression_{short}.png", f"GAAC on {model_name}: held-out {result['evaluation']['text']}, {chunks.numel()} tokens, "
          f"context {args.context}, groups along {axes[0]}", tallies[axes[0]], det, comparison)
 

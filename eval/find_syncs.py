@@ -5,7 +5,7 @@
 Runs one prefill of a random-init model with the Qwen3-8B attention shape (fewer layers) under
 ``torch.cuda.set_sync_debug_mode("warn")`` and prints every synchronizing call once, with the
 Python stack that issued it and how often it happened. A sync inside a layer drains the GPU queue;
-the GPU then idles while the host enqueues the next kernels (see eval/NOTES.md, prefill overhead).
+the GPU then idles while the host enqueues the next kernels (see lab/NOTES.md, prefill overhead).
 """
 from __future__ import annotations
 

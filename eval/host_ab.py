@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import platform
 import statistics
@@ -31,6 +30,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_e2e import _sync, build_model, calibrate_random  # noqa: E402
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # eval/harness.py, also when loaded by path
+import harness  # noqa: E402
 
 
 def _calib(dev, n=200):
@@ -64,7 +67,7 @@ def main(argv=None):
     from transformers import DynamicCache
 
     import gaac_hf
-    import gaac_hf.attention as ga
+    import gaac_hf.cache.attention as ga
 
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = build_model(dev, tiny=args.tiny)
@@ -134,8 +137,7 @@ def main(argv=None):
                         "python": platform.python_version()},
            "command": "python " + " ".join(sys.argv), "batch": B, "context": S,
            "model": "Qwen3-8B shape, random init, bf16" if not args.tiny else "tiny", "summary": summary, "log": log}
-    with open(args.out, "w") as f:
-        json.dump(out, f, indent=1)
+    harness.write_result(args.out, out)
     for k, v in summary.items():
         print(f"{k:22s} {v}")
 

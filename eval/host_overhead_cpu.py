@@ -8,8 +8,8 @@ model (36 layers, 8 kv-heads, head_dim 128) is prefilled with random BF16 K/V, t
   steps where one does (encode + pool append: the reference codec on the CPU, the Triton codec on
   CUDA, so that number is dominated by the codec, not by launch overhead), plus the wall time of each
   block-completing step (all layers, synced);
-* ``kernel_view``: ``GAACLayer.kernel_view()`` of every layer of a step;
-* ``launcher``: ``gaac_decode_attention(q, **layer.kernel_view())`` with the two Triton kernels
+* ``paged_kv``: ``GAACLayer.paged_kv()`` of every layer of a step;
+* ``launcher``: ``gaac_decode_attention(q, layer.paged_kv())`` with the two Triton kernels
   replaced by no-op stubs, i.e. the Python prologue of the launcher only.
 
 CPU torch ops cost less host time than CUDA ones (no cudaLaunchKernel), so read the numbers as a
@@ -28,6 +28,11 @@ import statistics
 import time
 
 import torch  # noqa: E402
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # eval/harness.py, also when loaded by path
+import harness  # noqa: E402
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # the launcher's module imports Triton kernels
@@ -84,7 +89,7 @@ def main() -> None:
             t0 = time.perf_counter()
             layer.update(k, v)
             t1 = time.perf_counter()
-            layer.kernel_view()
+            layer.paged_kv()
             t2 = time.perf_counter()
             layer._awaiting_attention, layer._recent = False, None  # what the attention call does
             (upd_fill if fills else upd_plain).append(t1 - t0)
@@ -100,15 +105,15 @@ def main() -> None:
     real = {}
     if dev.type == "cuda":  # the real launch: host time per call (the GPU runs behind)
         for _ in range(50):
-            A.gaac_decode_attention(q, **layer.kernel_view(), scale=d ** -0.5)
+            A.gaac_decode_attention(q, layer.paged_kv(), scale=d ** -0.5)
         sync()
         n = args.launcher_iters
         t0 = time.perf_counter()
         for _ in range(n):
-            A.gaac_decode_attention(q, **layer.kernel_view(), scale=d ** -0.5)
+            A.gaac_decode_attention(q, layer.paged_kv(), scale=d ** -0.5)
         t1 = time.perf_counter()
         sync()
-        real = {"launch_us_host (gaac_decode_attention(**kernel_view()), real kernels)": round((t1 - t0) / n * 1e6, 2)}
+        real = {"launch_us_host (gaac_decode_attention(layer.paged_kv()), real kernels)": round((t1 - t0) / n * 1e6, 2)}
 
     # launcher prologue with the kernels stubbed out
     class _Stub:
@@ -119,15 +124,15 @@ def main() -> None:
     A._attn_split_kernel = A._merge_kernel = _Stub()
     try:
         for _ in range(50):
-            A.gaac_decode_attention(q, **layer.kernel_view(), scale=d ** -0.5)
+            A.gaac_decode_attention(q, layer.paged_kv(), scale=d ** -0.5)
         t0 = time.perf_counter()
         for _ in range(args.launcher_iters):
-            A.gaac_decode_attention(q, **layer.kernel_view(), scale=d ** -0.5)
+            A.gaac_decode_attention(q, layer.paged_kv(), scale=d ** -0.5)
         launch_us = (time.perf_counter() - t0) / args.launcher_iters * 1e6
-        view = layer.kernel_view()
+        view = layer.paged_kv()
         t0 = time.perf_counter()
         for _ in range(args.launcher_iters):
-            A.gaac_decode_attention(q, **view, scale=d ** -0.5)
+            A.gaac_decode_attention(q, view, scale=d ** -0.5)
         launch_prepared_us = (time.perf_counter() - t0) / args.launcher_iters * 1e6
     finally:
         A._attn_split_kernel, A._merge_kernel = saved
@@ -142,7 +147,7 @@ def main() -> None:
             [round(x * 1e3, 2) for x in fill_steps],
         "kernel_view_us_median": us(views),
         "kernel_view_us_mean": round(statistics.fmean(views) * 1e6, 2),
-        "launcher_prologue_us (gaac_decode_attention(**kernel_view()), kernels stubbed)": round(launch_us, 2),
+        "launcher_prologue_us (gaac_decode_attention(layer.paged_kv()), kernels stubbed)": round(launch_us, 2),
         "launcher_prologue_us (prepared view, kernels stubbed)": round(launch_prepared_us, 2),
         **real,
         "stats_allocated_bytes": cache.stats()["allocated_bytes"],
@@ -150,8 +155,7 @@ def main() -> None:
     }
     print(json.dumps(res, indent=1))
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(res, f, indent=1)
+        harness.write_result(args.out, res)
 
 
 if __name__ == "__main__":

@@ -20,9 +20,10 @@ import time
 from pathlib import Path
 
 import torch
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # eval/harness.py, also when loaded by path
+import harness  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "data"
 
 
 def prefill(model, ids: torch.Tensor):
@@ -45,13 +46,14 @@ def main(argv=None) -> int:
     from gaac_hf.cache import GAACCache
     from gaac_hf.calibration import CalibrationTable
     from gaac_hf.format import FORMAT_VERSION
+    from gaac_hf.data import wikitext
     from gaac_hf.models import load_smollm2
 
     t0 = time.time()
     model, tok = load_smollm2()
     table = CalibrationTable.load(args.table)
     n = args.context
-    test_ids = tok((SHARED / "wikitext-2-raw-v1" / "wiki.test.raw").read_text(encoding="utf-8"),
+    test_ids = tok(wikitext("test")[0],
                    return_tensors="pt").input_ids[:, :n]
     if test_ids.shape[1] < n:
         raise SystemExit(f"held-out text has only {test_ids.shape[1]} tokens")
@@ -91,7 +93,7 @@ def main(argv=None) -> int:
         "seconds": round(time.time() - t0, 1),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    harness.write_result(Path(args.out), out)
     print(f"wrote {args.out} in {time.time() - t0:.0f}s")
     return 0
 

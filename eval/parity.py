@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Quality parity: the same lm-eval tasks with a BF16 DynamicCache and with a GAAC cache, sample by sample.
 
-Both runs use :class:`gaac_hf.lm_eval_model.GAACLM` with the same chunked prefill (``prefill_chunk``
+Both runs use :class:`gaac_hf.integrations.lm_eval.model.GAACLM` with the same chunked prefill (``prefill_chunk``
 tokens per forward, later chunks attending over cached history), so the only difference is the cache:
 ``gaac=false`` (DynamicCache + sdpa) versus ``gaac=true`` (GAACCache + the registered ``gaac``
 attention). GAAC is lossless, so every per-sample output must be identical: generated strings
@@ -29,7 +29,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-TASKS_DIR = REPO / "eval" / "tasks"
+from gaac_hf.integrations.lm_eval import TASKS_DIR  # noqa: E402  (the shipped tasks, package data)
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # eval/harness.py, also when loaded by path
+import harness  # noqa: E402
 DEFAULT_TASKS = ("gaac_piqa", "gaac_gsm8k", "gaac_humaneval", "gaac_wikitext")
 PRIMARY_METRIC = {
     "gaac_piqa": "acc",
@@ -161,7 +163,7 @@ def merge(paths: list[str], out: Path) -> int:
         "merged_from": [_rel(p) for p in paths],
     }
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    harness.write_result(out, report)
     print(f"[parity] merged {len(parts)} runs into {out}; all_identical={report['all_identical']}")
     return 0 if report["all_identical"] and report["complete"] else 1
 
@@ -201,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     from lm_eval.tasks import TaskManager
 
-    from gaac_hf.lm_eval_model import GAACLM
+    from gaac_hf.integrations.lm_eval.model import GAACLM
 
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     task_limits = parse_task_limits(args.task_limit)
@@ -240,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
             "seconds_total": round(time.time() - t0, 1),
         }
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(r, indent=2) + "\n")
+        harness.write_result(out, r)
         return r
 
     for task in tasks:

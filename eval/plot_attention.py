@@ -16,10 +16,10 @@ import json
 import sys
 from pathlib import Path
 
-import matplotlib
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # eval/harness.py, also when loaded by path
+import harness  # noqa: E402
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+plt = harness.pyplot()
 
 ALIASES = {"llama-3.1-8b": "qwen3-8b"}
 
@@ -29,11 +29,11 @@ def merge(out, paths):
     first = runs[0]
     merged = {k: v for k, v in first.items() if k not in ("rows", "cut", "sweep", "config", "command")}
     merged["command"] = "python eval/plot_attention.py " + out + " --merge " + " ".join(paths)
-    merged["parts"] = [dict(file=x, command=r.get("command"), gpu=r.get("gpu"), config=r.get("config"),
+    merged["parts"] = [dict(file=x, commit=r.get("commit"), command=r.get("command"), gpu=r.get("gpu"), config=r.get("config"),
                             sweep=r.get("sweep"), cut=r.get("cut", [])) for x, r in zip(paths, runs)]
     merged["rows"] = [dict(r, part=i) for i, run in enumerate(runs) for r in run["rows"] if "alias_of" not in r]
     merged["cut"] = [c for run in runs for c in run.get("cut", [])]
-    Path(out).write_text(json.dumps(merged, indent=1))
+    harness.write_result(Path(out), merged)
 
 
 def main(path):
@@ -43,7 +43,7 @@ def main(path):
     for alias, src in ALIASES.items():
         rows += [dict(r, shape=alias, alias_of=src) for r in rows if r["shape"] == src]
     d["rows"] = rows
-    p.write_text(json.dumps(d, indent=1))
+    p.write_text(json.dumps(d, indent=1))  # the same measurements plus aliases: keep their provenance
     meas = [r for r in rows if "alias_of" not in r]
     shapes = sorted({r["shape"] for r in meas})
     batches = sorted({r["batch"] for r in meas})

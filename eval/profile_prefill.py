@@ -9,7 +9,6 @@ self CPU time for each cache, plus the operators whose CUDA time differs most be
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -18,6 +17,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_e2e as E  # noqa: E402
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # eval/harness.py, also when loaded by path
+import harness  # noqa: E402
 
 
 def profile_prefill(model, ids, make_cache):
@@ -78,8 +81,7 @@ def main():
                   key=lambda x: -abs(x[1]))[:25]
     out["diff_gaac_minus_dynamic"] = [dict(op=k, cuda_us=c, cpu_us=u, calls=n) for k, c, u, n in diff]
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as fh:
-        json.dump(out, fh, indent=1)
+    harness.write_result(args.out, out)
     for k in ("dynamic", "gaac"):
         print(f"{k:8s} wall {out[k]['wall_s']*1e3:8.1f} ms  gpu busy {out[k]['gpu_busy_us']/1e3:8.1f} ms  cpu self {out[k]['cpu_self_us']/1e3:8.1f} ms")
     print("largest CUDA-time differences (gaac - dynamic):")

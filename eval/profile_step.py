@@ -12,7 +12,7 @@ Triton decode kernel) and for DynamicCache + SDPA (flash backend):
 
   * wall time per step (host-synchronised) and the host's enqueue time (step returned, before the sync);
   * low-overhead perf_counter timers wrapped around the functions of the decode path (update, append,
-    the attention function, _fused_decode, kernel_view, gaac_decode_attention, _launch, the two Triton
+    the attention function, _fused_decode, paged_kv, gaac_decode_attention, _launch, the two Triton
     launches; Qwen3Attention / MLP / decoder-layer forwards for scale), per call and per step;
   * cProfile of ``--prof-steps`` steps (top 30 by tottime and cumtime, as text);
   * torch.profiler (CPU + CUDA) of ``--torch-prof-steps`` steps: top CPU ops by self CPU time, every
@@ -20,7 +20,7 @@ Triton decode kernel) and for DynamicCache + SDPA (flash backend):
     and GPU busy time per step;
   * torch.cuda.set_sync_debug_mode("warn") over 2 steps, with the Python stack of every synchronizing
     torch op;
-  * bare-call loops on one layer (GAAC): kernel_view(), gaac_decode_attention with a prepared view,
+  * bare-call loops on one layer (GAAC): paged_kv(), gaac_decode_attention with a prepared view,
     the two Triton launches replayed alone, SDPA on the same shape, and two trivial torch ops to
     calibrate the host's per-op cost.
 Steps grow the context by one token each (no crop), like bench_e2e; the step on which a block fills
@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
-import json
 import os
 import platform
 import pstats
@@ -48,6 +47,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_e2e import _sync, build_model, calibrate_random  # noqa: E402
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # eval/harness.py, also when loaded by path
+import harness  # noqa: E402
 
 SYNC_RE = re.compile(r"synchron|memcpy|item|local_scalar|nonzero|tolist|is_nonzero|eventquery|eventsynchron", re.I)
 LAUNCH_RE = re.compile(r"^(cudaLaunchKernel|cuLaunchKernel|cuLaunchKernelEx|cudaLaunchKernelExC)$")
@@ -119,12 +122,13 @@ def install_timers(timers, gaac: bool):
         timers.patch(DynamicLayer, "update", "DynamicLayer.update")
         timers.patch_map(AttentionInterface._global_mapping, "sdpa", "sdpa_attention_forward")
         return
-    import gaac_hf.attention as ga
-    from gaac_hf.cache import GAACLayer, _BlockPool
+    import gaac_hf.cache.attention as ga
+    from gaac_hf.cache import GAACLayer
+    from gaac_hf.cache.pool import _BlockPool
 
     timers.patch(GAACLayer, "update", "GAACLayer.update")
     timers.patch(GAACLayer, "append", "GAACLayer.append")
-    timers.patch(GAACLayer, "kernel_view", "GAACLayer.kernel_view")
+    timers.patch(GAACLayer, "paged_kv", "GAACLayer.paged_kv")
     timers.patch(GAACLayer, "full_kv", "GAACLayer.full_kv (decode-then-SDPA path)")
     timers.patch(GAACLayer, "_full", "GAACLayer._full")
     timers.patch(ga, "_sdpa", "attention._sdpa (lookup)")
@@ -278,7 +282,7 @@ def bare_calls(cache, model, dev, iters):
     """Loops of the pieces of one layer's fused decode call (layer 0 of the GAAC cache)."""
     import torch.nn.functional as F
 
-    import gaac_hf.attention as ga
+    import gaac_hf.cache.attention as ga
     from gaac_hf.cache import GAACLayer
 
     out = {}
@@ -290,15 +294,15 @@ def bare_calls(cache, model, dev, iters):
     scale = cfg.head_dim ** -0.5
     out["trivial torch.full((B,), int32)"] = host_loop_us(lambda: torch.full((B,), 7, dtype=torch.int32, device=dev), iters)
     out["trivial torch.empty(B,32,8,128 f32)"] = host_loop_us(lambda: torch.empty(B, 32, 8, 128, dtype=torch.float32, device=dev), iters)
-    out["layer.kernel_view()"] = host_loop_us(layer.kernel_view, iters)
+    out["layer.paged_kv()"] = host_loop_us(layer.paged_kv, iters)
     if dev.type != "cuda" or not kern:
         return out
-    view = layer.kernel_view()
-    f_prepared = lambda: kern.gaac_decode_attention(q, **view, scale=scale)  # noqa: E731
-    f_full = lambda: kern.gaac_decode_attention(q, **layer.kernel_view(), scale=scale)  # noqa: E731
+    view = layer.paged_kv()
+    f_prepared = lambda: kern.gaac_decode_attention(q, view, scale=scale)  # noqa: E731
+    f_full = lambda: kern.gaac_decode_attention(q, layer.paged_kv(), scale=scale)  # noqa: E731
     out["gaac_decode_attention(prepared view)"] = host_loop_us(f_prepared, iters)
     out["gaac_decode_attention(prepared view)"]["gpu_us_per_call"] = gpu_us_per_call(f_prepared, 20, dev)
-    out["gaac_decode_attention(**layer.kernel_view())"] = host_loop_us(f_full, iters)
+    out["gaac_decode_attention(layer.paged_kv())"] = host_loop_us(f_full, iters)
     # capture the exact Triton launch arguments, then replay each launch alone
     captured = {}
     for name in ("_attn_split_kernel", "_merge_kernel"):
@@ -377,7 +381,7 @@ def profile_cache(name, model, cache, ids, nxt, S, B, dev, ctx, args, gaac: bool
         pos.sub_(1)
     res["wall_with_crop"] = wall_and_enqueue(step_crop, args.crop_steps)
     if gaac:
-        g = next(x for x in cache.layers if hasattr(x, "kernel_view"))
+        g = next(x for x in cache.layers if hasattr(x, "paged_kv"))
         res["gaac_state"] = {"num_blocks": g.num_blocks, "tail_len": g.tail_len,
                              "table_capacity": g.tables[0].shape[-1], "slot_rows": g.pools[0].slots.shape[0]}
         res["bare_calls_layer0"] = bare_calls(cache, model, dev, args.kernel_iters)
@@ -472,8 +476,7 @@ def main(argv=None):
         del cache
     finally:
         model.set_attn_implementation("sdpa")
-    with open(args.out, "w") as f:
-        json.dump(out, f, indent=1)
+    harness.write_result(args.out, out)
     summary(out)
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
 import re
 import subprocess
@@ -33,9 +32,13 @@ from triton.compiler import ASTSource
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from gaac_hf.format import BlockGeometry  # noqa: E402
-from gaac_hf.kernels import attention as A  # noqa: E402
-from gaac_hf.kernels import decode as Dm  # noqa: E402
-from gaac_hf.kernels import encode as E  # noqa: E402
+from gaac_hf.kernels.triton import attention as A  # noqa: E402
+from gaac_hf.kernels.triton import decode as Dm  # noqa: E402
+from gaac_hf.kernels.triton import encode as E  # noqa: E402
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # eval/harness.py, also when loaded by path
+import harness  # noqa: E402
 
 INT_PIPE = ("LOP3", "SHF", "IADD3", "PRMT", "SEL", "ISETP", "IABS", "POPC", "FLO", "BREV", "LEA", "VIADD", "IMNMX", "BMSK", "SGXT")
 #: H200 (SXM) issue model used for the bounds: SMs, schedulers per SM, clock (GHz)
@@ -134,8 +137,7 @@ def main():
                "static counts include branches not taken (the raw-group path), so bounds are conservative"),
                rows=rows)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as fh:
-        json.dump(out, fh, indent=1)
+    harness.write_result(args.out, out)
     for r in rows:
         extra = (f" warp-instr/value {r['warp_instr_per_value']:.3f} (INT {r['int_warp_instr_per_value']:.3f})"
                  f" bound {r['bound_gbps_bf16']:.0f} GB/s") if "bound_gbps_bf16" in r else ""

@@ -19,7 +19,7 @@ entry per block).
 Historical note: this is a format-v1 study (fixed escape capacities no longer exist in v2, which
 came out of it); its capacity scenarios are a model of the v1 store, not of anything gaac-hf holds
 now. ``eval/results/slot_capacity_smollm2.json`` was first written under v1 (the numbers quoted in
-eval/NOTES.md) and has been regenerated under v2 with the added fields: the v1 scenario numbers
+lab/NOTES.md) and has been regenerated under v2 with the added fields: the v1 scenario numbers
 depend only on escape lengths and windows (unchanged by v2; the shipped table was upgraded with its
 windows bit-identical), and reproduce the v1 file (checked: equal to 1e-9 relative; sums are now in float64).
 """
@@ -31,6 +31,8 @@ import sys
 from pathlib import Path
 
 import torch
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # eval/harness.py, also when loaded by path
+import harness  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -69,11 +71,14 @@ def main(argv=None):
     p.add_argument("--context", type=int, default=4096)
     p.add_argument("--block-sizes", type=int, nargs="+", default=[64, 128, 256])
     p.add_argument("--table", default=str(REPO / "calibration_data" / "smollm2-135m.safetensors"))
-    p.add_argument("--text", default=str(REPO.parent / "shared" / "data" / "wikitext-2-raw-v1" / "wiki.test.raw"))
+    p.add_argument("--text", default=None, help="held-out text (default: WikiText-2 test, found as gaac_hf.data says)")
     p.add_argument("--out", default=str(REPO / "eval" / "results" / "slot_capacity_smollm2.json"))
     args = p.parse_args(argv)
     model, tok = load_smollm2()
-    ids = tok(Path(args.text).read_text(encoding="utf-8")[: args.context * 16], return_tensors="pt").input_ids[:, : args.context]
+    from gaac_hf.data import wikitext
+
+    text = Path(args.text).read_text(encoding="utf-8") if args.text else wikitext("test")[0]
+    ids = tok(text[: args.context * 16], return_tensors="pt").input_ids[:, : args.context]
     if ids.shape[1] < args.context:
         sys.exit(f"text too short for {args.context} tokens")
     cache = DynamicCache(config=model.config)
@@ -122,7 +127,7 @@ def main(argv=None):
     out = {"model": "SmolLM2-135M-Instruct", "context": args.context, "table": Path(args.table).name,
            "command": "python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
            "format_version": FORMAT_VERSION, "rows": rows}
-    Path(args.out).write_text(json.dumps(out, indent=1))
+    harness.write_result(Path(args.out), out)
 
 
 if __name__ == "__main__":

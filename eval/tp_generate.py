@@ -28,6 +28,10 @@ import time
 
 import torch
 import torch.distributed as dist
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # eval/harness.py, also when loaded by path
+import harness  # noqa: E402
 
 
 def _setup():
@@ -89,8 +93,7 @@ def check(args, keep_group: bool = False):
         summary = {"world": world,
                    "all_identical": all(r["same_tokens"] and r["same_logits"] and r["bases_are_rank_shard"] for r in results),
                    "ranks": results, "command": " ".join(sys.argv)}
-        with open(args.out, "w") as f:
-            json.dump(summary, f, indent=1)
+        harness.write_result(args.out, summary)
         print(json.dumps(summary))
     dist.barrier()
     all_ok = all(r["same_tokens"] and r["same_logits"] and r["bases_are_rank_shard"] for r in results)
@@ -182,8 +185,7 @@ def bench(args):  # pragma: no cover - GPU only
                "method": "wall time per decode step (host-synchronised), median over --steps after 3 warm-up "
                          "steps, no crop (context grows by one token per step); BF16 = DynamicCache + SDPA flash",
                "ranks": results, "command": " ".join(sys.argv)}
-        with open(args.out, "w") as f:
-            json.dump(out, f, indent=1)
+        harness.write_result(args.out, out)
         print(json.dumps(out))
     dist.destroy_process_group()
 

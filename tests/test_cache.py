@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -20,7 +19,7 @@ import torch
 from transformers import DynamicCache
 
 import gaac_hf
-from gaac_hf.attention import gaac_attention_forward
+from gaac_hf.cache.attention import gaac_attention_forward
 from gaac_hf.cache import GAACCache, GAACLayer
 from gaac_hf.calibration import (
     CalibrationTable,
@@ -35,7 +34,6 @@ from gaac_hf.format import BlockGeometry
 pytestmark = pytest.mark.slow
 
 BLOCK = 16
-SHARED = Path(__file__).resolve().parents[2] / "shared"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -88,10 +86,10 @@ def text_ids(model_tok, wikitext_test) -> torch.Tensor:
 
 
 @pytest.fixture(scope="session")
-def table(model_tok) -> CalibrationTable:
+def table(model_tok, wikitext_valid) -> CalibrationTable:
     """Calibrated on WikiText-2 validation text (not the held-out test text used for prompts)."""
     model, tok = model_tok
-    calib = (SHARED / "data" / "wikitext-2-v1" / "valid.txt").read_text(encoding="utf-8")[:20000]
+    calib = wikitext_valid[:20000]
     ids = tok(calib, return_tensors="pt").input_ids[:, :512]
     return kv_table(model, ids, BlockGeometry(block_size=BLOCK, head_dim=64))
 
@@ -385,7 +383,7 @@ def codec_path(request, monkeypatch):
     """The cache's CPU path (reference codec), and its CUDA path (Triton encoder, escape append and
     block-table decoder) run on the CPU through Triton's interpreter."""
     if request.param == "triton":
-        import gaac_hf.cache as cache_mod
+        import gaac_hf.cache.pool as cache_mod
 
         monkeypatch.setattr(cache_mod, "_triton_codec", lambda geometry, device: cache_mod._triton_kernels(geometry))
     return request.param
@@ -460,7 +458,7 @@ def test_crop_positive_and_to_zero(model_tok, table):
     cache.crop(-9)  # 61 = 3 blocks + 13: block 3 goes back to the tail
     dyn.layers[0].crop(-9)
     _assert_layer0_equal(cache, dyn)
-    if gaac_hf.cache._POSITIVE_CROP_IS_LENGTH:
+    if gaac_hf.cache.compat.POSITIVE_CROP_IS_LENGTH:
         cache.crop(30)
         dyn.layers[0].crop(30)
         _assert_layer0_equal(cache, dyn)
@@ -501,6 +499,10 @@ def test_shipped_table_by_repo_relative_path(model_tok, text_ids, tmp_path, monk
     monkeypatch.chdir(tmp_path)
     cache = GAACCache(model.config, calibration="calibration_data/smollm2-135m.safetensors")
     assert cache.geometry.block_size == 64
+    by_name = GAACCache(model.config, calibration="smollm2-135m")  # the shipped name, as the README writes it
+    assert torch.equal(by_name.table.base8, cache.table.base8) and torch.equal(by_name.table.base16, cache.table.base16)
+    with pytest.raises(FileNotFoundError, match="shipped: 'smollm2-135m'"):
+        GAACCache(model.config, calibration="smollm2-1b")
     with attention(model, "gaac"), torch.no_grad():
         model(text_ids[:, 8000:8140], past_key_values=cache, logits_to_keep=1)
     st = cache.stats()

@@ -12,7 +12,7 @@ from test_cache import attention, kv_table, same_bits
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 import gaac_hf
-import gaac_hf.attention as gattn
+import gaac_hf.cache.attention as gattn
 from gaac_hf.cache import GAACCache
 from gaac_hf.codec import decode_blocks
 from gaac_hf.format import BlockGeometry
@@ -59,7 +59,7 @@ def test_reference_path_on_cuda_is_bit_identical(model_table):
 def test_prefill_and_decode_step_never_sync_the_host(model_table):
     """A host sync inside a layer drains the GPU queue (the GPU then waits for the host's launches):
     copying the calibration bases to the GPU layer by layer cost 4 syncs per layer, ~+3% of a 32K
-    prefill on the H200 (eval/NOTES.md). torch's sync debug mode raises on any synchronizing call."""
+    prefill on the H200 (lab/NOTES.md). torch's sync debug mode raises on any synchronizing call."""
     model, table = model_table
     assert table.base8.device.type == "cpu"  # as users load it
     ids = torch.randint(100, 49000, (1, 300), device="cuda")

@@ -218,7 +218,7 @@ def tiny(tiny_model_dir):
 
 
 def test_collect_histograms_and_position_ranges(tiny, tiny_model_dir):
-    from gaac_hf.collect import collect_kv_stats
+    from gaac_hf.calibration.collect import collect_kv_stats
 
     model, tok = tiny
     text = (tiny_model_dir / "text.txt").read_text()
@@ -276,7 +276,7 @@ def test_context_must_hold_whole_blocks(tiny, tiny_model_dir):
 
 
 def test_gaac_calibrate_cli(tiny_model_dir, tmp_path, capsys):
-    from gaac_hf.calibration_cli import main
+    from gaac_hf.calibration.cli import main
 
     out = tmp_path / "t.safetensors"
     rc = main(["--model", str(tiny_model_dir), "--text", str(tiny_model_dir / "text.txt"), "--context", "128",
@@ -290,7 +290,7 @@ def test_gaac_calibrate_cli(tiny_model_dir, tmp_path, capsys):
 
 
 def test_cli_missing_text_is_a_clear_error(tmp_path):
-    from gaac_hf.calibration_cli import main
+    from gaac_hf.calibration.cli import main
 
     with pytest.raises(SystemExit, match="not found"):
         main(["--text", str(tmp_path / "nope.txt")])
@@ -311,7 +311,7 @@ def test_sliding_window_layers_hybrid_cache():
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
     from gaac_hf.calibration import calibrate
-    from gaac_hf.collect import collect_kv_stats
+    from gaac_hf.calibration.collect import collect_kv_stats
 
     cfg = Gemma3TextConfig(
         vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=2,
@@ -354,3 +354,30 @@ def test_shipped_table_fits_smollm2_and_demo_runs(smollm2, capsys):
     assert main([]) == 0
     out = capsys.readouterr().out
     assert "bit-exact round trip: yes" in out and "compression ratio" in out
+
+
+def test_shipped_tables_are_found_by_name_from_any_directory(tmp_path, monkeypatch):
+    from gaac_hf.calibration import find_table, shipped_tables
+
+    monkeypatch.chdir(tmp_path)
+    assert "smollm2-135m" in shipped_tables()
+    p = find_table("smollm2-135m")
+    assert p == find_table("smollm2-135m.safetensors") == find_table("calibration_data/smollm2-135m.safetensors")
+    assert p.read_bytes() == SHIPPED.read_bytes()
+    own = CalibrationTable.load(SHIPPED).save(tmp_path / "mine.safetensors")
+    assert find_table("mine.safetensors") == Path("mine.safetensors") and find_table(str(own)) == own  # paths win
+    with pytest.raises(FileNotFoundError, match="not a shipped name; shipped: 'smollm2-135m'"):
+        find_table("no-such-model")
+
+
+def test_real_text_lookup_order(tmp_path, monkeypatch):
+    """$GAAC_HF_DATA first, then ../shared/data beside the checkout; a miss names every place searched."""
+    from gaac_hf import data
+
+    (tmp_path / "wikitext-2-raw-v1").mkdir()
+    (tmp_path / "wikitext-2-raw-v1" / "wiki.test.raw").write_text("mine")
+    monkeypatch.setenv(data.ENV, str(tmp_path))
+    assert data.wikitext("test") == ("mine", str(tmp_path / "wikitext-2-raw-v1" / "wiki.test.raw"))
+    monkeypatch.setattr(data, "CHECKOUT", tmp_path / "nowhere" / "repo")
+    with pytest.raises(data.DataNotFound, match="looked in .*nowhere"):
+        data.data_file("piqa/valid.jsonl")

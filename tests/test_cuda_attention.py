@@ -24,7 +24,7 @@ else:
 if reason is not None:
     pytest.skip(f"CUDA C++ path unavailable: {reason}", allow_module_level=True)
 
-from gaac_hf.kernels.attention import attention_reference  # noqa: E402
+from gaac_hf.kernels.reference import attention_reference  # noqa: E402
 from gaac_hf.kernels.cuda.attention import LaunchConfig, bf16_decode_attention_cuda, pack_paged_bf16  # noqa: E402
 
 DEV = torch.device("cuda")

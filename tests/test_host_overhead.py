@@ -2,21 +2,25 @@
 
 * ``GAACLayer.append`` builds no ``torch.cat`` in a step that completes no block, and ``full()`` then
   reads the tail in place: still the exact bits of every token written;
-* ``kernel_view()``'s ``num_blocks`` / ``tail_len`` tensors are shared by the layers of a cache and
+* ``paged_kv()``'s ``num_blocks`` / ``tail_len`` tensors are shared by the layers of a cache and
   stay right through crop / reorder / batch selection;
 * a prefill leaves pool and table headroom (the next decode steps' blocks do not reallocate), which
   ``stats()['allocated_bytes']`` reports and ``'resident_bytes'`` does not;
 * a prefill stores each layer's blocks at the next layer's append (no host sync inside a layer);
 * the attention launcher's reused scratch and lazy ``LAST_LAUNCH`` give the same results.
 """
+import dataclasses
+
 import pytest
 import torch
 from transformers import LlamaConfig
 
-import gaac_hf.kernels.attention as A
+import gaac_hf.kernels.triton.attention as A
+import gaac_hf.kernels.triton.pack as P
 from gaac_hf import GAACCache
 from gaac_hf.calibration import CalibrationTable
 from gaac_hf.format import BlockGeometry
+from gaac_hf.kernels import LaunchConfig
 
 T, H, D, L = 16, 2, 64, 2
 
@@ -90,7 +94,7 @@ def test_append_without_block_completion_builds_no_cat(monkeypatch):
             assert _same(got_k, want_k) and _same(got_v, want_v)
 
 
-def test_kernel_view_counts_shared_and_follow_the_cache():
+def test_paged_kv_counts_shared_and_follow_the_cache():
     gen = torch.Generator().manual_seed(1)
     cache = _cache(layers=3)
     ks, vs = [], []
@@ -98,32 +102,32 @@ def test_kernel_view_counts_shared_and_follow_the_cache():
     _consume(cache)
 
     def check():
-        views = [layer.kernel_view() for layer in cache.layers]
+        views = [layer.paged_kv() for layer in cache.layers]
         first = views[0]
         for layer, view in zip(cache.layers, views):
             b = layer.tails[0].shape[0]
-            assert view["num_blocks"].tolist() == [layer.num_blocks] * b
-            assert view["tail_len"].tolist() == [layer.tail_len] * b
-            assert view["num_blocks"].dtype == view["tail_len"].dtype == torch.int32
-            assert view["num_blocks"] is first["num_blocks"] and view["tail_len"] is first["tail_len"]  # one pair per step
+            assert view.num_blocks.tolist() == [layer.num_blocks] * b
+            assert view.tail_len.tolist() == [layer.tail_len] * b
+            assert view.num_blocks.dtype == view.tail_len.dtype == torch.int32
+            assert view.num_blocks is first.num_blocks and view.tail_len is first.tail_len  # one pair per step
         return first
 
     v0 = check()
     _step(cache, ks, vs, gen, 3, 1)
     _consume(cache)
     v1 = check()
-    assert v1["tail_len"] is not v0["tail_len"] and v1["tail_len"].tolist() == [6] * 3
+    assert v1.tail_len is not v0.tail_len and v1.tail_len.tolist() == [6] * 3
     cache.reorder_cache(torch.tensor([2, 0, 1]))
     check()
     cache.crop(-8)  # into the last encoded block: 2 blocks + 14 tail tokens
-    assert check()["num_blocks"].tolist() == [2] * 3
+    assert check().num_blocks.tolist() == [2] * 3
     cache.batch_select_indices(torch.tensor([0, 2]))
-    assert check()["tail_len"].tolist() == [14] * 2
+    assert check().tail_len.tolist() == [14] * 2
     cache.batch_repeat_interleave(2)
-    assert check()["num_blocks"].tolist() == [2] * 4
+    assert check().num_blocks.tolist() == [2] * 4
     cache.reset()
     _step(cache, [], [], gen, 1, T + 1)
-    assert check()["num_blocks"].tolist() == [1]
+    assert check().num_blocks.tolist() == [1]
 
 
 def test_prefill_leaves_headroom_not_counted_as_resident():
@@ -165,9 +169,9 @@ def test_prefill_leaves_headroom_not_counted_as_resident():
 def test_decoder_row_scratch_is_reused_and_grown():
     """The fast decoders' row-offset scratch (kernels.decode._row_scratch) is one buffer per device and
     stream: a smaller call reuses it, a larger one grows it, and the bits are those of the data."""
-    import gaac_hf.kernels.decode as Dk
+    import gaac_hf.kernels.triton.decode as Dk
     from gaac_hf.codec import encode_blocks, pack_escapes
-    from gaac_hf.kernels.synth import calibrate, synthetic_kv
+    from gaac_hf.calibration.synthetic import calibrate, synthetic_kv
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: the Triton interpreter (conftest.py)
     geom = BlockGeometry(block_size=16, head_dim=64)
@@ -191,7 +195,7 @@ def test_decoder_row_scratch_is_reused_and_grown():
 
 
 def test_launcher_scratch_reuse_and_last_launch():
-    from gaac_hf.kernels.synth import calibrate, synthetic_kv
+    from gaac_hf.calibration.synthetic import calibrate, synthetic_kv
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: the Triton interpreter (conftest.py)
     geom = BlockGeometry(block_size=16, head_dim=64)
@@ -199,15 +203,13 @@ def test_launcher_scratch_reuse_and_last_launch():
     k = synthetic_kv((2, 1, 40, 64), "k", seed=5, device=dev)
     v = synthetic_kv((2, 1, 40, 64), "v", seed=6, device=dev)
     (kb8, kb16), (vb8, vb16) = calibrate(k), calibrate(v)
-    pk = A.pack_paged_kv(k, lens, kb8, kb16, geom)
-    pv = A.pack_paged_kv(v, lens, vb8, vb16, geom)
+    pk = P.pack_paged_kv(k, lens, kb8, kb16, geom)
+    pv = P.pack_paged_kv(v, lens, vb8, vb16, geom)
+    kv = P.paged_kv(pk, pv)
     q = torch.randn(2, 2, 64, generator=torch.Generator().manual_seed(7)).to(dev, torch.bfloat16)
 
     def run(splits):
-        return A.gaac_decode_attention(
-            q, pk["slots"], pv["slots"], pk["heap"], pv["heap"], pk["esc_start"], pv["esc_start"], pk["raw"],
-            pv["raw"], pk["table"], pv["table"], pk["tail"], pv["tail"], pk["num_blocks"], pk["tail_len"],
-            kb8, kb16, vb8, vb16, geom, num_splits=splits)
+        return A.gaac_decode_attention(q, kv, launch=LaunchConfig(num_splits=splits))
 
     A._SCRATCH.clear()
     fresh = {s: run(s) for s in (1, 2)}  # first call per split count: fresh scratch
@@ -221,16 +223,14 @@ def test_launcher_scratch_reuse_and_last_launch():
     for s in (1, 2, 2, 1):  # resized between calls: same bits as with fresh buffers
         assert _same(run(s), fresh[s])
     with pytest.raises(ValueError, match="contiguous"):
-        A.gaac_decode_attention(
-            q, pk["slots"], pv["slots"], pk["heap"], pv["heap"], pk["esc_start"], pv["esc_start"], pk["raw"],
-            pv["raw"], pk["table"], pv["table"], pk["tail"].transpose(2, 3).contiguous().transpose(2, 3), pv["tail"],
-            pk["num_blocks"], pk["tail_len"], kb8, kb16, vb8, vb16, geom)
+        bad_tail = dataclasses.replace(kv.k, tail=kv.k.tail.transpose(2, 3).contiguous().transpose(2, 3))
+        A.gaac_decode_attention(q, dataclasses.replace(kv, k=bad_tail))
 
 
 def test_prefill_reads_the_counters_of_k_and_v_in_one_sync(monkeypatch):
     """A prefill must size the raw pool and escape heap from exact device counts (a host sync); K and
     V of a layer share that one read, and decode steps inside the headroom read nothing."""
-    import gaac_hf.cache as C
+    import gaac_hf.cache.pool as C
 
     class CountingTorch:
         def __init__(self):
@@ -264,7 +264,7 @@ def test_prefill_reads_the_counters_of_k_and_v_in_one_sync(monkeypatch):
 def test_kv_start_memo_follows_the_mask():
     """The per-step kv_start memo of the fused path: same mask -> same tensor; an in-place edit or
     another mask -> recomputed (a stale left-padding offset would silently change attention)."""
-    from gaac_hf.attention import _kv_start
+    from gaac_hf.cache.attention import _kv_start
 
     m = torch.ones(2, 1, 1, 6, dtype=torch.bool)
     m[0, ..., :2] = False
@@ -279,7 +279,7 @@ def test_kv_start_memo_follows_the_mask():
 def test_prefill_store_waits_for_the_next_layer(monkeypatch):
     """A prefill parks each layer's encoded blocks and stores them at the next layer's append (on CUDA
     the sizes arrive by a non-blocking copy meanwhile: no sync inside the layer); every public read
-    (tables, pools, stats, full_kv, kernel_view, crop) stores a parked append first, reset drops it."""
+    (tables, pools, stats, full_kv, paged_kv, crop) stores a parked append first, reset drops it."""
     import gaac_hf.cache as C
 
     order = []
@@ -313,7 +313,7 @@ def test_prefill_store_waits_for_the_next_layer(monkeypatch):
         k, v = layer.full_kv()
         assert _same(k, torch.cat(ks, 2)) and _same(v, torch.cat(vs, 2))
     # every other public read flushes too
-    for read in (lambda c: c.stats(), lambda c: c.layers[2].full_kv(), lambda c: c.layers[2].kernel_view(),
+    for read in (lambda c: c.stats(), lambda c: c.layers[2].full_kv(), lambda c: c.layers[2].paged_kv(),
                  lambda c: c.layers[2].pools, lambda c: c.crop(-1)):
         c2 = _cache(layers=3)
         _step(c2, [], [], torch.Generator().manual_seed(5), 2, 3 * T + 5)
@@ -332,6 +332,7 @@ def test_host_slab_hands_out_disjoint_slices(monkeypatch):
     """The per-cache pinned slab (CUDA only; pinning stubbed out here): slices never overlap, a full
     slab is replaced by a new one, and a cache makes its slab big enough for all its layers."""
     import gaac_hf.cache as C
+    import gaac_hf.cache.host as H
 
     made = []
 
@@ -344,8 +345,8 @@ def test_host_slab_hands_out_disjoint_slices(monkeypatch):
             made.append(t)
             return t
 
-    monkeypatch.setattr(C, "torch", NoPinTorch())
-    slab = C._HostSlab(12)
+    monkeypatch.setattr(H, "torch", NoPinTorch())
+    slab = H._HostSlab(12)
     parts = [slab.take(2), slab.take(2), slab.take(8)]
     assert len(made) == 1 and [p.numel() for p in parts] == [2, 2, 8]
     ptrs = [p.data_ptr() for p in parts]
@@ -355,13 +356,13 @@ def test_host_slab_hands_out_disjoint_slices(monkeypatch):
     assert made[0].tolist() == [1, 1, 2, 2] + [3] * 8
     extra = slab.take(2)  # full: a new slab, the old slices keep their memory
     assert len(made) == 2 and extra.data_ptr() == made[1].data_ptr() and parts[2].tolist() == [3] * 8
-    assert C._HOST_SLOTS_PER_LAYER == 2 + 2 + 8  # K snapshot, V snapshot, deferred sync terms
+    assert H._HOST_SLOTS_PER_LAYER == 2 + 2 + 8  # K snapshot, V snapshot, deferred sync terms
 
 
 def test_fused_option_is_checked_and_auto_declines_long_contexts(monkeypatch):
-    """fused="auto" hands decode steps past gaac_hf.attention.FUSED_MAX_TOKENS to the decode-then-SDPA
+    """fused="auto" hands decode steps past gaac_hf.cache.attention.FUSED_MAX_TOKENS to the decode-then-SDPA
     path before anything touches a kernel; bad values are refused."""
-    import gaac_hf.attention as gattn
+    import gaac_hf.cache.attention as gattn
 
     with pytest.raises(ValueError, match="fused must be"):
         GAACCache(_cache().layers[0]._config, calibration=_cache().table, fused="yes")
@@ -385,8 +386,8 @@ def test_fused_option_is_checked_and_auto_declines_long_contexts(monkeypatch):
 
 def test_auto_long_steps_leave_cudnn_out():
     """The decode-then-SDPA steps of fused="auto" run SDPA with every backend but cuDNN (its per-call
-    host cost, see gaac_hf.attention._no_cudnn); the setting is restored afterwards."""
-    import gaac_hf.attention as gattn
+    host cost, see gaac_hf.cache.attention._no_cudnn); the setting is restored afterwards."""
+    import gaac_hf.cache.attention as gattn
 
     before = torch.backends.cuda.cudnn_sdp_enabled()
     with gattn._no_cudnn():

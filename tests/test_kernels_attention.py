@@ -3,17 +3,17 @@
 CPU runs use the Triton interpreter (conftest.py sets TRITON_INTERPRET=1); the @gpu variants repeat
 the checks at real sizes with bf16 tl.dot, where bit identity is the non-trivial claim.
 """
+import dataclasses
+
 import pytest
 import torch
 
+from gaac_hf.calibration.synthetic import calibrate, synthetic_kv
 from gaac_hf.format import BlockGeometry
-from gaac_hf.kernels.attention import (
-    attention_reference,
-    bf16_decode_attention,
-    gaac_decode_attention,
-    pack_paged_kv,
-)
-from gaac_hf.kernels.synth import calibrate, synthetic_kv
+from gaac_hf.kernels import LaunchConfig
+from gaac_hf.kernels.reference import attention_reference
+from gaac_hf.kernels.triton.attention import bf16_decode_attention, gaac_decode_attention
+from gaac_hf.kernels.triton.pack import pack_paged_kv, paged_kv
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -40,22 +40,22 @@ def _case(B, HKV, GQ, D, T, lens, seed, dev=DEV, force_raw_every=0):
     return geom, q, k, v, (kb8, kb16, vb8, vb16), pk, pv
 
 
-def _gaac(geom, q, bases, pk, pv, **kw):
+def _gaac(geom, q, bases, pk, pv, kv_start=None, active_blocks=None, **launch):
     out = torch.full_like(q, float("nan"))  # poison: every row must be written
-    return gaac_decode_attention(
-        q, pk["slots"], pv["slots"], pk["heap"], pv["heap"], pk["esc_start"], pv["esc_start"], pk["raw"], pv["raw"], pk["table"], pv["table"], pk["tail"], pv["tail"],
-        pk["num_blocks"], pk["tail_len"], *bases, geom, out=out, **kw,
-    )
+    kv = paged_kv(pk, pv, kv_start=kv_start, active_blocks=active_blocks)
+    return gaac_decode_attention(q, kv, out=out, launch=LaunchConfig(**launch))
 
 
-def _bf16(geom, q, k, v, lens, **kw):
+def _bf16(geom, q, k, v, lens, same_path=False, **launch):
     bk = pack_paged_kv(k, lens, None, None, geom, compress=False)
     bv = pack_paged_kv(v, lens, None, None, geom, compress=False)
     out = torch.full_like(q, float("nan"))
-    return bf16_decode_attention(
-        q, bk["raw"], bv["raw"], bk["table"], bv["table"], bk["tail"], bv["tail"], bk["num_blocks"],
-        bk["tail_len"], geom, out=out, **kw,
-    )
+    return bf16_decode_attention(q, paged_kv(bk, bv), out=out, launch=LaunchConfig(**launch), same_path=same_path)
+
+
+def _with(p, **tensors):
+    """``p`` (a frozen PackedTensor) with some of its paged tensors replaced."""
+    return dataclasses.replace(p, tensor=dataclasses.replace(p.tensor, **tensors))
 
 
 def _rel(out, ref):
@@ -74,7 +74,7 @@ CASES = [
 @pytest.mark.parametrize("B,HKV,GQ,D,T,lens,splits", CASES)
 def test_attention_vs_fp64_and_bit_identical_to_bf16(B, HKV, GQ, D, T, lens, splits):
     geom, q, k, v, bases, pk, pv = _case(B, HKV, GQ, D, T, lens, seed=D + B, force_raw_every=3)
-    assert (pk["table"] < 0).any() and (pk["table"] >= 0).any()  # raw and compressed blocks mixed
+    assert (pk.tensor.table < 0).any() and (pk.tensor.table >= 0).any()  # raw and compressed blocks mixed
     out = _gaac(geom, q, bases, pk, pv, num_splits=splits)
     ref = attention_reference(q, k, v, lens)
     assert not out.isnan().any()
@@ -102,7 +102,7 @@ def test_special_values_in_compressed_blocks_bit_identical_to_bf16():
     v.view(torch.int16)[0, 1, 20, :4] = torch.tensor([0x7FC1, 0xFF80, 0x7F80, 0xFFC3], dtype=torch.int32).to(torch.int16).to(DEV)
     pk = pack_paged_kv(k, lens, bases[0], bases[1], geom)
     pv = pack_paged_kv(v, lens, bases[2], bases[3], geom)
-    assert pk["fits_fraction"] == 1.0 and pv["fits_fraction"] == 1.0  # every block compressed
+    assert pk.fits_fraction == 1.0 and pv.fits_fraction == 1.0  # every block compressed
     out = _gaac(geom, q, bases, pk, pv, num_splits=2)
     base = _bf16(geom, q, k, v, lens, num_splits=2)
     assert torch.equal(out.view(torch.int16), base.view(torch.int16))
@@ -128,9 +128,8 @@ def test_splits_do_not_change_the_function():
     for s in (1, 2, 5, 11):  # 11 splits > blocks: empty splits must merge as nothing
         assert _rel(_gaac(geom, q, bases, pk, pv, num_splits=s), ref) < 1e-2
     # a table with spare capacity (as the cache preallocates), split grid sized by active_blocks
-    for key in ("table",):
-        for p in (pk, pv):
-            p[key] = torch.cat([p[key], torch.full_like(p[key], 12345)], -1).contiguous()  # garbage past num_blocks
+    pk, pv = (_with(p, table=torch.cat([p.tensor.table, torch.full_like(p.tensor.table, 12345)], -1).contiguous())
+              for p in (pk, pv))  # garbage past num_blocks
     assert _rel(_gaac(geom, q, bases, pk, pv, num_splits=3, active_blocks=150 // 16), ref) < 1e-2
     assert _rel(_gaac(geom, q, bases, pk, pv, num_splits=3), ref) < 1e-2
 
@@ -140,9 +139,9 @@ def test_corrupt_slot_is_detected_by_bit_identity():
     lens = [64]
     geom, q, k, v, bases, pk, pv = _case(1, 1, 4, 64, 16, lens, seed=13)
     base = _bf16(geom, q, k, v, lens, num_splits=1)
-    e = int(pv["table"][0, 0, 0])
+    e = int(pv.tensor.table[0, 0, 0])
     assert e >= 0
-    pv["slots"][e, 5] ^= 0x80  # the sign of one value (token 0 = the sink token, channel 5)
+    pv.tensor.slots[e, 5] ^= 0x80  # the sign of one value (token 0 = the sink token, channel 5)
     out = _gaac(geom, q, bases, pk, pv, num_splits=1)
     assert not torch.equal(out.view(torch.int16), base.view(torch.int16))
 
@@ -154,17 +153,19 @@ def test_escape_streams_are_read_at_esc_start():
     geom, q, k, v, bases, pk, pv = _case(1, 2, 4, 64, 16, lens, seed=17)
     base = _bf16(geom, q, k, v, lens, num_splits=2)
     assert torch.equal(_gaac(geom, q, bases, pk, pv, num_splits=2).view(torch.int16), base.view(torch.int16))
+    moved = []
     for p in (pk, pv):
-        start, heap = p["esc_start"], p["heap"][: p["escape_bytes"]]
+        start, heap = p.tensor.esc_start, p.tensor.heap[: p.escape_bytes]
         lens_b = torch.diff(torch.cat([start, start.new_tensor([heap.numel()])]))
         assert (lens_b > 0).all()  # every block of this data has 4-bit or raw groups
         parts = [heap[int(a): int(a) + int(n)] for a, n in zip(start, lens_b)][::-1]
         new_heap = torch.cat([torch.full((7,), 0xEE, dtype=torch.uint8, device=heap.device), *parts])
         rev = lens_b.flip(0)
         new_start = (7 + torch.cumsum(rev, 0) - rev).flip(0)  # block i's stream, now in reverse order
-        p["heap"], p["esc_start"] = new_heap.contiguous(), new_start.contiguous()
+        moved.append(_with(p, heap=new_heap.contiguous(), esc_start=new_start.contiguous()))
+    pk, pv = moved
     assert torch.equal(_gaac(geom, q, bases, pk, pv, num_splits=2).view(torch.int16), base.view(torch.int16))
-    pv["heap"][int(pv["esc_start"][0])] ^= 0xFF  # exponent bit 3 of the first escaped group of V block 0
+    pv.tensor.heap[int(pv.tensor.esc_start[0])] ^= 0xFF  # exponent bit 3 of the first escaped group of V block 0
     assert not torch.equal(_gaac(geom, q, bases, pk, pv, num_splits=2).view(torch.int16), base.view(torch.int16))
 
 

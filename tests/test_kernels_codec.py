@@ -3,15 +3,18 @@ bit-identical decode.
 
 Runs on CPU through TRITON_INTERPRET=1 (set in conftest.py); the @gpu variants run real sizes on CUDA.
 """
+import dataclasses
+
 import pytest
 import torch
 
 from gaac_hf.codec import decode_blocks, encode_blocks, pack_escapes
 from gaac_hf.format import BlockGeometry
-from gaac_hf.kernels.attention import pack_paged_kv
-from gaac_hf.kernels.decode import decode_blocks_triton, decode_tables_triton
-from gaac_hf.kernels.encode import append_escapes_triton, encode_blocks_triton
-from gaac_hf.kernels.synth import calibrate, synthetic_kv
+from gaac_hf.kernels import LaunchConfig
+from gaac_hf.kernels.triton.pack import pack_paged_kv
+from gaac_hf.kernels.triton.decode import decode_blocks_triton, decode_tables_triton
+from gaac_hf.kernels.triton.encode import append_escapes_triton, encode_blocks_triton
+from gaac_hf.calibration.synthetic import calibrate, synthetic_kv
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 SPECIALS = [0x7FC1, 0xFFFF, 0x7F80, 0xFF80, 0x0000, 0x8000, 0x0001, 0x807F, 0x7F7F, 0x0080, 0x3F80]
@@ -59,7 +62,7 @@ def test_encode_matches_reference(geom, per_block_bases, fast):
         b16 = (b16.int() + torch.randint(-2, 3, (n, geom.head_dim), generator=g)).clamp(0, 240).to(torch.uint8)
     ref = encode_blocks(x, b8, b16, geom)
     poison = torch.full((n, geom.slot_bytes), 0xA5, dtype=torch.uint8)  # every byte must be written
-    got = encode_blocks_triton(x, b8, b16, geom, slots=poison, with_tags=True, fast=fast, tile_tokens=8)
+    got = encode_blocks_triton(x, b8, b16, geom, slots=poison, with_tags=True, fast=fast, launch=LaunchConfig(tile_tokens=8))
     assert torch.equal(got.tags, ref.tags)
     assert torch.equal(got.escape_len, ref.escape_len)
     assert torch.equal(got.fits, ref.fits)
@@ -70,7 +73,7 @@ def test_encode_matches_reference(geom, per_block_bases, fast):
     assert (ref.escape_len[ref.fits] > 0).all()  # every fitting block has a non-empty stream here
 
     # the cache's path: rows as wide as the escape limit, packed into a heap that already holds bytes
-    rows = encode_blocks_triton(x, b8, b16, geom, escape_width=geom.escape_limit, fast=fast, tile_tokens=8)
+    rows = encode_blocks_triton(x, b8, b16, geom, escape_width=geom.escape_limit, fast=fast, launch=LaunchConfig(tile_tokens=8))
     assert torch.equal(rows.slots, ref.slots) and torch.equal(rows.fits, ref.fits)
     heap = torch.full((50 + int(ref.escape_len[ref.fits].sum()) + 9,), 0xA5, dtype=torch.uint8)
     used = torch.tensor([50], dtype=torch.int64)
@@ -98,11 +101,11 @@ def test_decode_matches_reference_and_roundtrips(geom):
     heap, start = pack_escapes(enc.escapes[fit], enc.escape_len[fit])
     from_heap = decode_blocks_triton(enc.slots[fit], (heap, start), b8, b16, geom)
     assert torch.equal(_bits(from_heap), _bits(x)[fit])
-    fast = decode_blocks_triton(enc.slots[fit], (heap, start), b8, b16, geom, fast=True, tile_tokens=8)
+    fast = decode_blocks_triton(enc.slots[fit], (heap, start), b8, b16, geom, fast=True, launch=LaunchConfig(tile_tokens=8))
     assert torch.equal(_bits(fast), _bits(x)[fit])
     # launch options change nothing but speed
     out2 = torch.full_like(fast, float("nan"))
-    decode_blocks_triton(enc.slots[fit], (heap, start), b8, b16, geom, out=out2, fast=True, tile_tokens=16, num_warps=2)
+    decode_blocks_triton(enc.slots[fit], (heap, start), b8, b16, geom, out=out2, fast=True, launch=LaunchConfig(tile_tokens=16, num_warps=2))
     assert torch.equal(_bits(out2), _bits(x)[fit])
 
 
@@ -169,11 +172,11 @@ def test_table_decode_gives_back_the_cache_bits(geom):
         b8, b16 = calibrate(x)
         force = torch.arange(B * H * nb) % 4 == 3 - kind  # plus forced raw entries
         p = pack_paged_kv(x, [nb * t + tl_len] * B, b8, b16, geom, force_raw=force)
-        assert (p["table"] < 0).any() and (p["table"] >= 0).any()
-        table = torch.cat([p["table"], torch.full((B, H, 2), 10**6, dtype=torch.int32)], dim=2).contiguous()
+        assert (p.tensor.table < 0).any() and (p.tensor.table >= 0).any()
+        table = torch.cat([p.tensor.table, torch.full((B, H, 2), 10**6, dtype=torch.int32)], dim=2).contiguous()
         kv.append(x)
-        pools.append((p["slots"], p["heap"], p["esc_start"], p["raw"], table, b8, b16))
-        tails.append(p["tail"][:, :, :tl_len])  # a strided view of the [B, H, T, D] tail buffer
+        pools.append(dataclasses.replace(p.tensor, table=table))
+        tails.append(p.tensor.tail[:, :, :tl_len])  # a strided view of the [B, H, T, D] tail buffer
     out = torch.full((2, B, H, nb * t + tl_len, d), float("nan"), dtype=torch.bfloat16)  # poison
     decode_tables_triton(pools, geom, nb, out, tails)
     assert torch.equal(_bits(out), _bits(torch.stack(kv)))
@@ -238,8 +241,7 @@ def test_triton_codec_on_real_smollm2_kv_through_a_heap(smollm2, wikitext_test):
             hb8, hb16 = table.bases(layer, kind)
             pk = pack_paged_kv(x[None].contiguous(), [s], hb8, hb16, geom)
             out = torch.full((1, 1, h, nb * geom.block_size, d), float("nan"), dtype=torch.bfloat16)
-            pool = (pk["slots"], pk["heap"], pk["esc_start"], pk["raw"], pk["table"], hb8, hb16)
-            decode_tables_triton([pool], geom, nb, out)
+            decode_tables_triton([pk.tensor], geom, nb, out)
             assert torch.equal(_bits(out[0, 0]), _bits(blocks.view(h, nb * geom.block_size, d))), (layer, kind, "table")
             # the same real blocks with sparse special values (NaN payloads, +-Inf, +-0, subnormals,
             # max finite): their groups go raw, the blocks still fit, so the fast decoder (which only

@@ -1,0 +1,190 @@
+"""The shared harness of every benchmark and report in ``eval/``: timing, result files with provenance, plots.
+
+Every JSON a script here writes goes through :func:`write_result`, which adds :func:`provenance`:
+the git commit of the checkout and whether it had uncommitted changes (``dirty``), the command line,
+the versions of python / torch / triton / transformers / gaac-hf, the GPU (or "cpu"), the date, and
+whatever the script passes as ``shapes``. ``eval/results/README.md`` lists what each result file is.
+
+Timing helpers (CUDA; each returns microseconds per call):
+
+* :func:`timeit_graph`: n x (L2 flush, fn) captured in one CUDA graph and replayed (no host launch cost);
+* :func:`gpu_busy_us`: kernel time summed by the profiler (excludes launch gaps);
+* :func:`wall_us`: median wall time with a device sync after each call.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "eval" / "results"
+
+
+# ---------------------------------------------------------------------------------------------
+# provenance
+# ---------------------------------------------------------------------------------------------
+def git_state(repo: Path = REPO) -> tuple[str | None, bool | None]:
+    """(commit, dirty) of the checkout; ``$GAAC_COMMIT`` / ``$GAAC_DIRTY`` (0/1) where the tree was copied
+    without its git directory (the GPU machines); (None, None) when neither is known."""
+    if os.environ.get("GAAC_COMMIT"):
+        dirty = os.environ.get("GAAC_DIRTY")
+        return os.environ["GAAC_COMMIT"], (None if dirty is None else dirty not in ("0", "", "false", "False"))
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
+                                check=True).stdout.strip()
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
+                                capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None, None
+    return commit, bool(status.strip())
+
+
+def versions() -> dict:
+    out = {"python": platform.python_version(), "torch": torch.__version__}
+    for name in ("triton", "transformers", "gaac_hf"):
+        try:
+            out[name] = __import__(name).__version__
+        except Exception:  # noqa: BLE001 - a missing optional package is reported as absent
+            out[name] = None
+    return out
+
+
+def gpu_name() -> str:
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+
+
+def provenance(shapes=None, argv: list[str] | None = None) -> dict:
+    """What a result file records about how it was made (see the module docstring)."""
+    commit, dirty = git_state()
+    argv = sys.argv if argv is None else argv
+    return {
+        "commit": commit,
+        "dirty": dirty,
+        "command": " ".join(shlex.quote(a) for a in ["python", *argv]),
+        "versions": versions(),
+        "gpu": gpu_name(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **({"shapes": shapes} if shapes is not None else {}),
+    }
+
+
+def write_result(path: str | Path, data: dict, shapes=None) -> Path:
+    """Write ``data`` as JSON with :func:`provenance` merged in. The script's own keys win, except
+    ``commit`` / ``dirty`` (always this checkout's) and ``versions`` (merged: the script may add some)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    prov = provenance(shapes)
+    out = prov | data | {"commit": prov["commit"], "dirty": prov["dirty"],
+                         "versions": prov["versions"] | (data.get("versions") or {})}
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# timing
+# ---------------------------------------------------------------------------------------------
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+_FLUSH: dict = {}
+
+
+def flush_buffer(dev) -> torch.Tensor:
+    """256 MB zeroed before each timed call, like triton's do_bench (the H200's L2 is 50 MB)."""
+    if dev not in _FLUSH:
+        _FLUSH[dev] = torch.empty(64 * 2**20, dtype=torch.int32, device=dev)
+    return _FLUSH[dev]
+
+
+def timeit_graph(fn, n=10, reps=15):
+    """GPU time of one call without host launch overhead: n x (L2 flush, fn) captured in one CUDA graph,
+    replayed `reps` times; minus a graph of the n flushes alone; median, divided by n. Launch-bound
+    calls (small contexts, Python wrappers) read their kernel time here, their wall time under events."""
+    buf = flush_buffer(torch.device("cuda", torch.cuda.current_device()))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture stream, as torch.cuda.graphs recommends
+        buf.zero_()
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graphs = []
+    for with_fn in (True, False):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(n):
+                buf.zero_()
+                if with_fn:
+                    fn()
+        graphs.append(g)
+    med = []
+    for g in graphs:
+        g.replay()
+        torch.cuda.synchronize()
+        ts = []
+        for _ in range(reps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            g.replay()
+            b.record()
+            b.synchronize()
+            ts.append(a.elapsed_time(b))
+        med.append(sorted(ts)[len(ts) // 2])
+    del graphs
+    return (med[0] - med[1]) / n * 1e3
+
+
+def gpu_busy_us(fn, steps: int = 10, warmup: bool = False) -> float:
+    """Sum of CUDA kernel time per call of fn, from the profiler (excludes launch gaps); NaN on the CPU
+    (after one call, so smoke runs still exercise fn)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    if not torch.cuda.is_available():
+        if warmup:
+            fn()
+        return float("nan")
+    if warmup:
+        fn()
+        torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize()
+    return sum(e.self_device_time_total for e in prof.key_averages()) / steps
+
+
+def wall_us(fn, steps: int) -> float:
+    """Median wall time per call, the device synchronized before and after each call."""
+    sync()
+    t = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        t.append(time.perf_counter() - t0)
+    t.sort()
+    return t[len(t) // 2] * 1e6
+
+
+# ---------------------------------------------------------------------------------------------
+# plots
+# ---------------------------------------------------------------------------------------------
+def pyplot():
+    """matplotlib's pyplot on the non-interactive Agg backend (no display on the benchmark machines)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt

@@ -1,0 +1,183 @@
+"""GAACCache: the transformers ``Cache`` whose full-attention layers are :class:`GAACLayer`."""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, Cache
+
+from ..calibration.shipped import find_table
+from ..calibration.table import CalibrationTable
+from ..format import MODE_3BIT, MODE_4BIT, MODE_RAW
+from .compat import layer_types_and_kwargs
+from .host import _HOST_SLOTS_PER_LAYER, _CountsMemo, _DeferredStore, _DeviceTables, _HostSlab
+from .layer import _K, _V, GAACLayer
+
+
+def _resolve_table(calibration) -> CalibrationTable:
+    if isinstance(calibration, CalibrationTable):
+        return calibration
+    if calibration is None:
+        raise ValueError(
+            "GAACCache needs calibration=<a shipped table name such as 'smollm2-135m', a path to a .safetensors "
+            "table, or a CalibrationTable> (make one with gaac-calibrate or gaac_hf.calibration)"
+        )
+    return CalibrationTable.load(find_table(calibration))
+
+
+class GAACCache(Cache):
+    """Lossless GAAC KV cache for transformers models.
+
+    Example::
+
+        import gaac_hf
+        gaac_hf.register()                       # once, before loading: attn_implementation="gaac"
+        model = AutoModelForCausalLM.from_pretrained(..., dtype=torch.bfloat16, attn_implementation="gaac")
+        cache = gaac_hf.GAACCache(model.config, calibration="calibration_data/smollm2-135m.safetensors")
+        out = model.generate(**inputs, past_key_values=cache, cache_implementation=None)
+        print(cache.stats())
+
+    Args:
+        config: the model's config (pass ``model.config`` itself: its ``_attn_implementation`` is read
+            live to decide whether update() returns full K/V or a tail carrier).
+        calibration: a :class:`~gaac_hf.calibration.CalibrationTable` or a path to one. It must fit
+            the model (``table.check_model``), else ValueError.
+        block_size: override the table's block size (the windows do not depend on it).
+        return_full_kv: None (default) = automatic from the config; True = always return full K/V
+            (any attention function works); False = always return the tail carrier.
+        fused: decode steps (q_len == 1) on CUDA. True (default): the fused Triton kernel. ``"auto"``:
+            the fused kernel below ``gaac_hf.cache.attention.FUSED_MAX_TOKENS`` cached tokens,
+            decode-then-SDPA (SDPA without its cuDNN backend) from there on: less GPU time at long
+            contexts and less wall time when batched, a little more wall time at B=1 (measured on the
+            H200: ``eval/results/e2e_h200_64k_auto.json``, ``host_ab_h200_64k_b4.json``,
+            ``host_ab_h200_16k_v2.json``; README "Speed"). It allocates one layer's decoded K and V
+            per step (bf16 ``2 x [B, H, S, D]``).
+            False: never (decode + SDPA, bit-identical to sdpa; use it with attention masks that are
+            not of the left-padding form).
+        triton_codec: on CUDA, encode and decode blocks with the Triton kernels of
+            ``gaac_hf.kernels.triton`` (byte- and bit-identical to the reference codec; default). False
+            keeps the reference PyTorch codec everywhere.
+
+    Full-attention layers get a :class:`GAACLayer`; sliding-window, chunked, linear and dummy layers
+    keep their stock transformers layer (uncompressed).
+    """
+
+    def __init__(self, config, calibration=None, *, block_size: int | None = None,
+                 return_full_kv: bool | None = None,
+                 fused: bool | str = True, triton_codec: bool = True) -> None:
+        if fused not in (True, False, "auto"):
+            raise ValueError(f'fused must be True, False or "auto", got {fused!r}')
+        table = _resolve_table(calibration)
+        table.check_model(config)
+        text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+        g = table.geometry
+        geometry = dataclasses.replace(g, block_size=block_size or g.block_size)
+        self.geometry = geometry
+        self.table = table
+        types, kwargs = layer_types_and_kwargs(text)
+        memo = _CountsMemo()  # shared: in a step every GAAC layer asks for the same counts
+        deferred = _DeferredStore()  # shared: a prefill's store waits until the next layer's append
+        slab = _HostSlab(_HOST_SLOTS_PER_LAYER * len(types))  # shared: one pinned allocation per cache
+        on_device = _DeviceTables()  # shared: the table crosses to the GPU once, not 4 copies per layer
+        layers = [
+            GAACLayer(i, table, geometry, text, return_full_kv, fused, triton_codec, memo, deferred, slab, on_device)
+            if lt == "full_attention"
+            else DYNAMIC_LAYER_TYPE_MAPPING[lt](**kw)
+            for i, (lt, kw) in enumerate(zip(types, kwargs))
+        ]
+        if not any(isinstance(layer, GAACLayer) for layer in layers):
+            raise ValueError("this model has no full-attention layers: GAACCache would compress nothing")
+        super().__init__(layers=layers)
+
+    @classmethod
+    def from_dynamic_cache(cls, cache: Cache, config, calibration=None, **kwargs) -> "GAACCache":
+        """Compress a filled transformers cache (e.g. after a prefill with another attention).
+
+        Full-attention layers are encoded into GAAC layers; the other (sliding-window, linear...)
+        layer objects of ``cache`` are taken over as they are. ``kwargs`` go to the constructor.
+        """
+        new = cls(config, calibration, **kwargs)
+        if len(cache.layers) != len(new.layers):
+            raise ValueError(f"cache has {len(cache.layers)} layers, the model {len(new.layers)}")
+        for i, (src, dst) in enumerate(zip(cache.layers, new.layers)):
+            if not isinstance(dst, GAACLayer):
+                new.layers[i] = src
+            elif getattr(src, "keys", None) is not None and src.keys.numel():
+                dst.append(src.keys, src.values)
+        return new
+
+    def stats(self, per_layer: bool = False) -> dict:
+        """Resident KV bytes against a BF16 cache, compression ratio and mode shares.
+
+        Byte counts are host-side integers; the mode and raw-row counters live on the device and
+        are synced once, here. Keys:
+
+        - ``resident_bytes``: bytes of the GAAC layers' data (slot rows with their escape-stream
+          offsets, escape streams, raw rows, block tables, tails); ``bf16_bytes``: what a BF16 DynamicCache would hold for the same layers
+          and tokens; ``ratio`` = bf16/resident, ``savings`` = 1 - resident/bf16.
+        - ``allocated_bytes``: capacity actually reserved (pools and tables grow by doubling, and a
+          prefill leaves headroom for the following decode steps); ``resident_bytes`` excludes it.
+        - ``stock_layer_bytes``: uncompressed layers kept stock (sliding window etc.).
+        - ``mode_shares`` (and ``_k``/``_v``): fraction of encoded groups in 3-bit / 4-bit / raw mode.
+        - ``raw_fallback_blocks`` (raw rows held), ``stored_blocks`` (distinct blocks held),
+          ``slot_rows`` (slot rows held: every encoded block takes one, a raw fallback's stays
+          unused until a compaction drops it), ``escape_bytes`` (escape heap bytes in use),
+          ``encoded_blocks`` (encoded since creation);
+          ``tail_tokens``, ``seq_length`` (of the first GAAC layer).
+        """
+        gaac = [(i, layer) for i, layer in enumerate(self.layers) if isinstance(layer, GAACLayer)]
+        per = [(i, layer._stats()) for i, layer in gaac]
+        dev = next((c.device for _, s in per for c in s["counts"] if c.device.type != "cpu"), torch.device("cpu"))
+        counts = torch.stack([torch.stack([c.to(dev) for c in s["counts"]]) for _, s in per]).cpu()  # [L, 2, 6]: one sync
+        modes, raw_rows, orphans = counts[..., :3], counts[..., 3].sum(1), counts[..., 4].sum(1)  # [L, 2, 3], [L], [L]
+        heap_bytes = counts[..., 5].sum(1)  # [L]
+        g = self.geometry
+        for j, (_, s) in enumerate(per):
+            s["raw_blocks"] = int(raw_rows[j])
+            s["blocks"] = s["slot_rows"] - int(orphans[j]) + s["raw_blocks"]
+            s["escape_bytes"] = int(heap_bytes[j])
+            # a slot row costs its planes and its 8-byte esc_start; streams at their exact length
+            s["resident"] = (s["fixed"] + s["slot_rows"] * (g.slot_bytes + 8) + s["escape_bytes"]
+                             + s["raw_blocks"] * g.raw_bytes)
+
+        def shares(c: torch.Tensor) -> dict:
+            tot = max(int(c.sum()), 1)
+            return {"3bit": int(c[MODE_3BIT]) / tot, "4bit": int(c[MODE_4BIT]) / tot, "raw": int(c[MODE_RAW]) / tot}
+
+        resident = sum(s["resident"] for _, s in per)
+        bf16 = sum(s["bf16"] for _, s in per)
+        stock = 0
+        for layer in self.layers:
+            if not isinstance(layer, GAACLayer):
+                for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+                    if isinstance(t, torch.Tensor):
+                        stock += t.numel() * t.element_size()
+        out = {
+            "resident_bytes": resident,
+            "bf16_bytes": bf16,
+            "ratio": bf16 / resident if resident else 0.0,
+            "savings": 1 - resident / bf16 if bf16 else 0.0,
+            "allocated_bytes": sum(s["allocated"] for _, s in per),
+            "stock_layer_bytes": stock,
+            "mode_shares": shares(modes.sum((0, 1))),
+            "mode_shares_k": shares(modes[:, _K].sum(0)),
+            "mode_shares_v": shares(modes[:, _V].sum(0)),
+            "raw_fallback_blocks": sum(s["raw_blocks"] for _, s in per),
+            "stored_blocks": sum(s["blocks"] for _, s in per),
+            "slot_rows": sum(s["slot_rows"] for _, s in per),
+            "escape_bytes": sum(s["escape_bytes"] for _, s in per),
+            "encoded_blocks": sum(s["encoded"] for _, s in per),
+            "tail_tokens": per[0][1]["tail_tokens"],
+            "seq_length": per[0][1]["tokens"],
+            "block_size": self.geometry.block_size,
+            "slot_bytes": self.geometry.slot_bytes,
+        }
+        if per_layer:
+            out["layers"] = [
+                {"layer": i, "resident_bytes": s["resident"], "bf16_bytes": s["bf16"],
+                 "ratio": s["bf16"] / s["resident"] if s["resident"] else 0.0,
+                 "mode_shares_k": shares(modes[j, _K]), "mode_shares_v": shares(modes[j, _V]),
+                 "raw_fallback_blocks": s["raw_blocks"]}
+                for j, (i, s) in enumerate(per)
+            ]
+        return out

@@ -1,0 +1,85 @@
+"""What the cache hands to an attention kernel: one paged, compressed K/V layer (:class:`PagedKV`),
+and the launch knobs kernels take (:class:`LaunchConfig`).
+
+This module needs only torch: every kernel backend (``kernels/triton`` today, ``kernels/cuda``
+next) consumes the same object, and ``gaac_hf.cache`` builds it without importing any backend.
+
+Per layer, K and V each are one :class:`PagedTensor`::
+
+    slots      uint8 [num_slots, geometry.slot_bytes]   compressed blocks' planes (codec slot layout)
+    heap       uint8 [M]                                 escape heap: the blocks' escape streams (M >= 1)
+    esc_start  int64 [num_slots]                         offset of slot e's escape stream in the heap
+    raw        bf16  [num_raw, T, D]                     blocks stored uncompressed (raw fallback, >= 1 row)
+    table      int32 [B, Hkv, max_blocks]                one entry per complete block of each (seq, kv-head)
+    tail       bf16  [B, Hkv, T, D]                      the incomplete last block, uncompressed
+    base8/16   uint8 [Hkv, D]                            calibrated window starts of this layer and kind
+
+and K and V share (:class:`PagedKV`)::
+
+    num_blocks int32 [B]   complete blocks per sequence (entries table[b, :, :num_blocks[b]] are valid)
+    tail_len   int32 [B]   valid tokens in tail[b] (0 <= tail_len <= T)
+    kv_start   int32 [B]   optional: positions < kv_start[b] are masked out (left padding)
+
+Block-table entries: ``e = table[b, h, i]``; ``e >= 0``: the block is compressed in ``slots[e]``;
+``e < 0``: it is raw in ``raw[~e]`` (``-1 - e``). Token ``i*T + t`` of sequence b is token t of
+block i; tail token t is position ``num_blocks[b]*T + t``; a sequence holds ``num_blocks*T +
+tail_len`` tokens. K and V have separate tables because a K block and its V block fit or overflow
+independently. Entries past ``num_blocks`` are never read, and a pool row only when a table points
+at it. ``active_blocks`` (host int, optional) is an upper bound on ``num_blocks`` that sizes a
+split grid; without it kernels size it from ``max_blocks`` (a fixed launch shape for CUDA graphs).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from gaac_hf.format import BlockGeometry
+
+
+@dataclass(frozen=True)
+class PagedTensor:
+    """One kind (K or V) of one layer of a paged GAAC cache (shapes in the module docstring)."""
+
+    slots: torch.Tensor
+    heap: torch.Tensor
+    esc_start: torch.Tensor
+    raw: torch.Tensor
+    table: torch.Tensor
+    tail: torch.Tensor
+    base8: torch.Tensor
+    base16: torch.Tensor
+
+
+@dataclass(frozen=True)
+class PagedKV:
+    """One layer's K and V as attention kernels read them (shapes in the module docstring)."""
+
+    k: PagedTensor
+    v: PagedTensor
+    num_blocks: torch.Tensor
+    tail_len: torch.Tensor
+    geometry: BlockGeometry
+    kv_start: torch.Tensor | None = None
+    active_blocks: int | None = None
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Launch knobs of a kernel; ``None`` means the kernel's own default. Any values give a correct
+    result; for the attention kernels bit identity with the BF16 twin is per configuration (tile and
+    split sizes change the accumulation order), for the codec kernels the bits never change.
+
+    num_splits: context splits per (sequence, kv-head) of a split-K attention kernel.
+    num_warps, num_stages, maxnreg: passed to the compiler.
+    tile_tokens: tokens per sub-tile (rows decoded at once).
+    """
+
+    num_splits: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+    tile_tokens: int | None = None
+    maxnreg: int | None = None
+
+
+DEFAULT_LAUNCH = LaunchConfig()

@@ -1,0 +1,43 @@
+"""The README stays true: its Python snippet runs as written (CPU, SmolLM2, from another directory),
+every result file it cites exists, and CI runs its two commands."""
+import glob
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+README = (REPO / "README.md").read_text()
+
+
+def python_snippet() -> str:
+    m = re.search(r"## Use it\n\n```python\n(.*?)```", README, re.S)
+    assert m, "README lost its '## Use it' Python snippet"
+    return m.group(1)
+
+
+@pytest.mark.slow
+@pytest.mark.full  # CI runs the snippet from an installed wheel (scripts/check_wheel.sh)
+def test_readme_snippet_runs_as_written(tmp_path):
+    script = tmp_path / "snippet.py"
+    script.write_text(python_snippet())
+    r = subprocess.run([sys.executable, "-W", "error::FutureWarning", "-W", "error::DeprecationWarning", str(script)],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "Paris" in r.stdout and "'ratio':" in r.stdout
+    assert "Warning" not in r.stderr, r.stderr[-2000:]
+
+
+def test_readme_cites_only_result_files_that_exist():
+    cited = set(re.findall(r"[\w\-\*]+\.(?:json|png)", README))
+    assert cited, "no result files cited?"
+    missing = sorted(c for c in cited if not glob.glob(str(REPO / "eval" / "results" / "**" / c), recursive=True))
+    assert not missing, f"README cites result files that are not in eval/results/: {missing}"
+
+
+def test_ci_runs_the_readme_commands():
+    ci = (REPO / ".ci" / "run").read_text()
+    for cmd in re.findall(r"```bash\n(bash scripts/install\.sh|python -m pytest -q)\n```", README):
+        assert cmd in ci, f"CI does not run the README command {cmd!r}"
