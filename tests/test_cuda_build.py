@@ -12,7 +12,8 @@ import subprocess
 import pytest
 
 from gaac_hf.kernels.cuda import runtime
-from gaac_hf.kernels.cuda.attention import SOURCE, LaunchConfig, _default_stages, plan
+from gaac_hf.kernels import LaunchConfig
+from gaac_hf.kernels.cuda.attention import SOURCE, _default_stages, plan
 
 NVCC = shutil.which("nvcc")
 pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH (the CUDA toolkit's compiler)")
@@ -48,7 +49,7 @@ def test_chosen_occupancy_compiles_without_spills(tmp_path, monkeypatch, d, w, s
     from gaac_hf.kernels.cuda import attention as A
 
     monkeypatch.setattr(A, "_sm_count", lambda device: 132)
-    p = A.plan(streams, 1, 4, 64, d, 65536 + 64, None, LaunchConfig(warps=w))
+    p = A.plan(streams, 1, 4, 64, d, 65536 + 64, None, LaunchConfig(num_warps=w))
     defines = p["defines"]
     report = _build(tmp_path, defines)
     assert set(report) == {"gaac_bf16_decode_split", "gaac_decode_combine"}
@@ -91,5 +92,5 @@ def test_launch_config_defaults_fit_shared_memory():
     for d in range(16, 257, 16):
         assert _smem_bytes(d, 4, _default_stages(d, 4)) <= 227 * 1024
     with pytest.raises(ValueError, match="shared memory"):
-        plan(1, 1, 4, 64, 256, 4096, None, LaunchConfig(warps=8, num_splits=1))
-    assert LaunchConfig().warps is None
+        plan(1, 1, 4, 64, 256, 4096, None, LaunchConfig(num_warps=8, num_splits=1))
+    assert LaunchConfig().num_warps is None

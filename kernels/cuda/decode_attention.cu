@@ -33,9 +33,6 @@
 #ifndef MIN_CTAS_PER_SM
 #define MIN_CTAS_PER_SM 1
 #endif
-#ifndef L2_PREFETCH
-#define L2_PREFETCH 0
-#endif
 #ifndef LOADER  // 0: cp.async 16 B per lane; 1: the copy engine (cp.async.bulk, one row per lane)
 #define LOADER 0
 #endif
@@ -91,8 +88,8 @@ __device__ __forceinline__ void issue_rows(u16* sk, u16* sv, const PagedRows<T, 
     const u16* ks = src.k + r * D;
     const u16* vs = src.v + r * D;
     // a masked row reads nothing (src-size 0) but still gets a valid address
-    cp_async16<L2_PREFETCH>(sk + r * ROW + col, ok ? ks + col : kp.tail, ok ? 16 : 0);
-    cp_async16<L2_PREFETCH>(sv + r * ROW + col, ok ? vs + col : vp.tail, ok ? 16 : 0);
+    cp_async16(sk + r * ROW + col, ok ? ks + col : kp.tail, ok ? 16 : 0);
+    cp_async16(sv + r * ROW + col, ok ? vs + col : vp.tail, ok ? 16 : 0);
   }
 }
 
