@@ -1,0 +1,205 @@
+// GAAC format v3: the one decoder (and encoder) core, header-only, __host__ __device__.
+//
+// Spec: docs/FORMAT_V3.md and gaac_hf/v3/codec.py (the PyTorch reference this must match bit for bit).
+// The same source is compiled by g++ in the tests (tests/test_v3_core.py, through host_driver.cpp) and
+// by nvcc/NVRTC in the CUDA kernels (kernels.cu): there is no second copy of the bit logic.
+//
+// Design followed (our own, see the doc): a BF16 pair is rebuilt in one 32-bit word with
+//   x = PRMT(sm word)            duplicate each sign/mantissa byte into both bytes of its 16-bit lane
+//   E = base8 pair + code field  code bits moved to bits 7-9 / 23-25, base pre-shifted to bits 7-14 / 23-30
+//   out = (x & 0x807F807F) | (E & ~0x807F807F)   one LOP3 bit-select
+// and the rare wide (4-bit / raw) groups are fixed afterwards from a per-segment entry list.
+#pragma once
+#include <stdint.h>
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#define GAAC_HD __host__ __device__ __forceinline__
+#else
+#define GAAC_HD inline
+#endif
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#define GAAC_UNROLL _Pragma("unroll")
+#else
+#define GAAC_UNROLL
+#endif
+
+namespace gaac_v3 {
+
+// ------------------------------------------------------------------------------------------------
+// intrinsics and their host stand-ins
+// ------------------------------------------------------------------------------------------------
+// PRMT / __byte_perm: result byte i = byte (sel >> 4i) & 7 of the 8-byte value {b:a} (a = bytes 0-3).
+GAAC_HD uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+#if defined(__CUDA_ARCH__)
+  return __byte_perm(a, b, sel);
+#else
+  const uint64_t x = ((uint64_t)b << 32) | a;
+  uint32_t r = 0;
+  for (int i = 0; i < 4; ++i) r |= (uint32_t)((x >> (8 * ((sel >> (4 * i)) & 7))) & 0xFF) << (8 * i);
+  return r;
+#endif
+}
+
+// bit select (one LOP3 with an immediate): bits of a where mask is 1, bits of b elsewhere
+GAAC_HD uint32_t bitsel(uint32_t mask, uint32_t a, uint32_t b) { return (a & mask) | (b & ~mask); }
+
+GAAC_HD int popc(uint32_t x) {
+#if defined(__CUDA_ARCH__)
+  return __popc(x);
+#else
+  return __builtin_popcount(x);
+#endif
+}
+
+// ------------------------------------------------------------------------------------------------
+// constants (mirror gaac_hf/v3/format.py)
+// ------------------------------------------------------------------------------------------------
+constexpr int GROUP = 8, CHUNK_ROWS = 4, CODE_WORDS = 3, SEG_CHUNKS = 32, ALIGN = 16;
+constexpr uint32_t SIGN_MANT = 0x807F807Fu;  // bits taken from the sm bytes
+constexpr uint32_t EXP_BITS = 0x7F807F80u;   // bits taken from the exponent word
+constexpr int SPLIT_PAIR = 15;
+
+// Block geometry: T tokens x D channels; every offset in bytes from the block start.
+struct Geom {
+  int T, D, cols, chunks, segs;
+  int code_off, segtab_off, entry_off;
+};
+GAAC_HD Geom make_geom(int T, int D) {
+  Geom g;
+  g.T = T;
+  g.D = D;
+  g.cols = D / GROUP;
+  g.chunks = (T / CHUNK_ROWS) * g.cols;
+  g.segs = (g.chunks + SEG_CHUNKS - 1) / SEG_CHUNKS;
+  g.code_off = T * D;
+  g.segtab_off = g.code_off + 4 * CODE_WORDS * g.chunks;
+  g.entry_off = g.segtab_off + 4 * (g.segs + 1);
+  return g;
+}
+GAAC_HD int seg_chunks(const Geom& g, int s) {
+  const int m = g.chunks - SEG_CHUNKS * s;
+  return m < SEG_CHUNKS ? m : SEG_CHUNKS;
+}
+// byte offset of code word k of the chunk at lane `lane` of segment s (segment words are [k][lane])
+GAAC_HD int code_word_off(const Geom& g, int s, int lane, int k) {
+  return g.code_off + 4 * (CODE_WORDS * SEG_CHUNKS * s + k * seg_chunks(g, s) + lane);
+}
+GAAC_HD int raw_off(const Geom& g, int n_entries) { return (g.entry_off + 2 * n_entries + 3) & ~3; }
+GAAC_HD int block_bytes(const Geom& g, int n_entries, int n_raw) {
+  return (raw_off(g, n_entries) + 4 * n_raw + ALIGN - 1) & ~(ALIGN - 1);
+}
+// output position of chunk c: first row and first channel
+GAAC_HD int chunk_row0(const Geom& g, int c) { return CHUNK_ROWS * (c / g.cols); }
+GAAC_HD int chunk_col(const Geom& g, int c) { return c % g.cols; }
+
+// ------------------------------------------------------------------------------------------------
+// pre-shifted pair constants of one chunk column (channels 8col + 2p, 8col + 2p + 1)
+// ------------------------------------------------------------------------------------------------
+GAAC_HD uint32_t pair_const(uint32_t lo, uint32_t hi) { return ((lo & 0xFF) << 7) | ((hi & 0xFF) << 23); }
+// b8p[p] = base8 pair, dbp[p] = (base16 - base8) mod 256 pair, for p = 0..3
+GAAC_HD void column_consts(const uint8_t* b8, const uint8_t* b16, uint32_t b8p[4], uint32_t dbp[4]) {
+  for (int p = 0; p < 4; ++p) {
+    b8p[p] = pair_const(b8[2 * p], b8[2 * p + 1]);
+    dbp[p] = pair_const((uint32_t)(b16[2 * p] - b8[2 * p]), (uint32_t)(b16[2 * p + 1] - b8[2 * p + 1]));
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// decoder main path: every group as 3-bit with base8
+// ------------------------------------------------------------------------------------------------
+// Code field of pair q moved to bits 7-9 (even channel) and 23-25 (odd channel); other bits zero.
+// Pairs 0..14: word q/5, bits 3(q%5).. and 16+3(q%5)..; pair 15: bit b at bits 15/31 of word b.
+GAAC_HD uint32_t pair_field(uint32_t w0, uint32_t w1, uint32_t w2, int q) {
+  if (q == SPLIT_PAIR)
+    return ((w0 >> 8) & 0x00800080u) | ((w1 >> 7) & 0x01000100u) | ((w2 >> 6) & 0x02000200u);
+  const uint32_t w = q < 5 ? w0 : (q < 10 ? w1 : w2);
+  const int sh = 3 * (q % 5);
+  const uint32_t f = w & (0x00070007u << sh);
+  return sh <= 7 ? f << (7 - sh) : f >> (sh - 7);
+}
+
+// sm: the chunk's 32 sign/mantissa bytes as 8 words (row r = words 2r, 2r+1); w: its 3 code words;
+// out[4r + p] = BF16 pair (channels 2p, 2p+1 of row r; even channel in the low half).
+GAAC_HD void decode_chunk(const uint32_t sm[8], const uint32_t w[3], const uint32_t b8p[4], uint32_t out[16]) {
+GAAC_UNROLL
+  for (int q = 0; q < 16; ++q) {
+    const int r = q >> 2, p = q & 3;
+    const uint32_t x = prmt(sm[2 * r + (p >> 1)], 0, (p & 1) ? 0x3322u : 0x1100u);
+    const uint32_t e = b8p[p] + pair_field(w[0], w[1], w[2], q);
+    out[q] = bitsel(SIGN_MANT, x, e);
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// fix-up of one listed (wide) group: o = the 4 pair words the main path produced for its row
+// ------------------------------------------------------------------------------------------------
+// entry: u16 pos | raw << 7 | h << 8, h bit p = bit 3 of channel 2p's code, bit 4+p of channel 2p+1's;
+// rw: the raw word (0 for a 4-bit group): nibble p = bits 4-7 of channel 2p, nibble 4+p of 2p+1.
+GAAC_HD void fix_group(uint32_t o[4], const uint32_t dbp[4], uint32_t entry, uint32_t rw) {
+  const uint32_t h = entry >> 8;
+  const uint32_t hh = (h & 0xFu) | ((h & 0xF0u) << 12);
+GAAC_UNROLL
+  for (int p = 0; p < 4; ++p) {
+    const uint32_t hi = (((hh >> p) & 0x00010001u) << 10) | (((rw >> (4 * p)) & 0x000F000Fu) << 11);
+    const uint32_t t = (o[p] & EXP_BITS) + dbp[p] + hi;  // (e' - b8 + b16 + 8 hi) mod 256 per lane
+    o[p] = bitsel(SIGN_MANT, o[p], t);
+  }
+}
+
+GAAC_HD int entry_pos(uint32_t entry) { return entry & 0x7F; }
+GAAC_HD bool entry_raw(uint32_t entry) { return (entry >> 7) & 1; }
+
+// ------------------------------------------------------------------------------------------------
+// encoder core: one chunk (4 rows x 8 channels)
+// ------------------------------------------------------------------------------------------------
+struct ChunkCode {
+  uint32_t sm[8];      // sign/mantissa bytes, as decode_chunk reads them
+  uint32_t w[3];       // code words
+  uint32_t entry[4];   // per row: u16 entry without pos (raw << 7 | h << 8), valid if wide
+  uint32_t rword[4];   // per row: raw word (valid if raw)
+  uint32_t wide, raw;  // bit r set: row r is wide / raw
+};
+
+// x[4r + p] = BF16 pair (channels 2p, 2p+1 of row r), b8/b16 the 8 channel bases.
+GAAC_HD void encode_chunk(const uint32_t x[16], const uint8_t b8[8], const uint8_t b16[8], ChunkCode& cc) {
+  cc.w[0] = cc.w[1] = cc.w[2] = 0;
+  cc.wide = cc.raw = 0;
+GAAC_UNROLL
+  for (int r = 0; r < 4; ++r) {
+    int e[8];
+    uint32_t smb[8];
+    bool fit3 = true, fit4 = true;
+GAAC_UNROLL
+    for (int j = 0; j < 8; ++j) {
+      const uint32_t v = (x[4 * r + (j >> 1)] >> (16 * (j & 1))) & 0xFFFFu;
+      e[j] = (int)((v >> 7) & 0xFF);
+      smb[j] = ((v >> 8) & 0x80u) | (v & 0x7Fu);
+      const int o8 = e[j] - (int)b8[j], o16 = e[j] - (int)b16[j];
+      fit3 = fit3 && o8 >= 0 && o8 < 8;
+      fit4 = fit4 && o16 >= 0 && o16 < 16;
+    }
+    cc.sm[2 * r] = smb[0] | (smb[1] << 8) | (smb[2] << 16) | (smb[3] << 24);
+    cc.sm[2 * r + 1] = smb[4] | (smb[5] << 8) | (smb[6] << 16) | (smb[7] << 24);
+    uint32_t h = 0, rw = 0;
+GAAC_UNROLL
+    for (int j = 0; j < 8; ++j) {
+      const uint32_t c = fit3 ? (uint32_t)(e[j] - b8[j]) : (uint32_t)(e[j] - b16[j]) & 0xFFu;
+      const int p = j >> 1, odd = j & 1, q = 4 * r + p;
+      const uint32_t lo3 = c & 7;
+      if (q == SPLIT_PAIR) {
+        for (int b = 0; b < 3; ++b) cc.w[b] |= ((lo3 >> b) & 1) << (15 + 16 * odd);
+      } else {
+        cc.w[q / 5] |= lo3 << (3 * (q % 5) + 16 * odd);
+      }
+      h |= ((c >> 3) & 1) << (p + 4 * odd);
+      rw |= (c >> 4) << (4 * p + 16 * odd);
+    }
+    const bool raw = !fit3 && !fit4;
+    cc.entry[r] = ((uint32_t)raw << 7) | (h << 8);
+    cc.rword[r] = rw;
+    cc.wide |= (uint32_t)(!fit3) << r;
+    cc.raw |= (uint32_t)raw << r;
+  }
+}
+
+}  // namespace gaac_v3
