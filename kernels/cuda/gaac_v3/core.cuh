@@ -10,7 +10,16 @@
 //   out = (x & 0x807F807F) | (E & ~0x807F807F)   one LOP3 bit-select
 // and the rare wide (4-bit / raw) groups are fixed afterwards from a per-segment entry list.
 #pragma once
+#if defined(__CUDACC_RTC__)  // NVRTC without the toolkit headers
+typedef unsigned char uint8_t;
+typedef unsigned short uint16_t;
+typedef unsigned int uint32_t;
+typedef int int32_t;
+typedef unsigned long long uint64_t;
+typedef long long int64_t;
+#else
 #include <stdint.h>
+#endif
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 #define GAAC_HD __host__ __device__ __forceinline__
@@ -40,8 +49,17 @@ GAAC_HD uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
 #endif
 }
 
-// bit select (one LOP3 with an immediate): bits of a where mask is 1, bits of b elsewhere
-GAAC_HD uint32_t bitsel(uint32_t mask, uint32_t a, uint32_t b) { return (a & mask) | (b & ~mask); }
+// bit select, one LOP3 (LUT 0xE2 = (a & m) | (b & ~m)): bits of a where mask is 1, bits of b elsewhere.
+// On the device written as lop3 so ptxas does not split it into an AND and an AND-OR.
+GAAC_HD uint32_t bitsel(uint32_t mask, uint32_t a, uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xE2;" : "=r"(r) : "r"(a), "r"(mask), "r"(b));
+  return r;
+#else
+  return (a & mask) | (b & ~mask);
+#endif
+}
 
 GAAC_HD int popc(uint32_t x) {
 #if defined(__CUDA_ARCH__)
@@ -58,14 +76,15 @@ constexpr int GROUP = 8, CHUNK_ROWS = 4, CODE_WORDS = 3, SEG_CHUNKS = 32, ALIGN 
 constexpr uint32_t SIGN_MANT = 0x807F807Fu;  // bits taken from the sm bytes
 constexpr uint32_t EXP_BITS = 0x7F807F80u;   // bits taken from the exponent word
 constexpr int SPLIT_PAIR = 15;
+constexpr long long ENTRY_RAW_BIT = 1;  // block-table entry: byte offset (16-byte multiple) | 1 if stored as BF16
 
 // Block geometry: T tokens x D channels; every offset in bytes from the block start.
 struct Geom {
   int T, D, cols, chunks, segs;
   int code_off, segtab_off, entry_off;
 };
-GAAC_HD Geom make_geom(int T, int D) {
-  Geom g;
+GAAC_HD constexpr Geom make_geom(int T, int D) {
+  Geom g{};
   g.T = T;
   g.D = D;
   g.cols = D / GROUP;
@@ -76,21 +95,21 @@ GAAC_HD Geom make_geom(int T, int D) {
   g.entry_off = g.segtab_off + 4 * (g.segs + 1);
   return g;
 }
-GAAC_HD int seg_chunks(const Geom& g, int s) {
+GAAC_HD constexpr int seg_chunks(const Geom& g, int s) {
   const int m = g.chunks - SEG_CHUNKS * s;
   return m < SEG_CHUNKS ? m : SEG_CHUNKS;
 }
 // byte offset of code word k of the chunk at lane `lane` of segment s (segment words are [k][lane])
-GAAC_HD int code_word_off(const Geom& g, int s, int lane, int k) {
+GAAC_HD constexpr int code_word_off(const Geom& g, int s, int lane, int k) {
   return g.code_off + 4 * (CODE_WORDS * SEG_CHUNKS * s + k * seg_chunks(g, s) + lane);
 }
-GAAC_HD int raw_off(const Geom& g, int n_entries) { return (g.entry_off + 2 * n_entries + 3) & ~3; }
-GAAC_HD int block_bytes(const Geom& g, int n_entries, int n_raw) {
+GAAC_HD constexpr int raw_off(const Geom& g, int n_entries) { return (g.entry_off + 2 * n_entries + 3) & ~3; }
+GAAC_HD constexpr int block_bytes(const Geom& g, int n_entries, int n_raw) {
   return (raw_off(g, n_entries) + 4 * n_raw + ALIGN - 1) & ~(ALIGN - 1);
 }
 // output position of chunk c: first row and first channel
-GAAC_HD int chunk_row0(const Geom& g, int c) { return CHUNK_ROWS * (c / g.cols); }
-GAAC_HD int chunk_col(const Geom& g, int c) { return c % g.cols; }
+GAAC_HD constexpr int chunk_row0(const Geom& g, int c) { return CHUNK_ROWS * (c / g.cols); }
+GAAC_HD constexpr int chunk_col(const Geom& g, int c) { return c % g.cols; }
 
 // ------------------------------------------------------------------------------------------------
 // pre-shifted pair constants of one chunk column (channels 8col + 2p, 8col + 2p + 1)
@@ -109,25 +128,46 @@ GAAC_HD void column_consts(const uint8_t* b8, const uint8_t* b16, uint32_t b8p[4
 // ------------------------------------------------------------------------------------------------
 // Code field of pair q moved to bits 7-9 (even channel) and 23-25 (odd channel); other bits zero.
 // Pairs 0..14: word q/5, bits 3(q%5).. and 16+3(q%5)..; pair 15: bit b at bits 15/31 of word b.
+// AND with an opaque mask on the device: keeps the compiler from turning (w & M) << k into
+// (w << k) & (M << k), which costs a separate shift; mask-then-shift lets the shift merge into the add.
+GAAC_HD uint32_t and_mask(uint32_t w, uint32_t m) {
+#if defined(__CUDA_ARCH__)
+  uint32_t r;
+  asm("and.b32 %0, %1, %2;" : "=r"(r) : "r"(w), "r"(m));
+  return r;
+#else
+  return w & m;
+#endif
+}
+
+// Code field of pair q moved to bits 7-9 (even channel) and 23-25 (odd channel); other bits zero.
+// Pairs 0..14: word q/5, bits 3(q%5).. and 16+3(q%5)..; pair 15: bit b at bits 15/31 of word b.
 GAAC_HD uint32_t pair_field(uint32_t w0, uint32_t w1, uint32_t w2, int q) {
   if (q == SPLIT_PAIR)
     return ((w0 >> 8) & 0x00800080u) | ((w1 >> 7) & 0x01000100u) | ((w2 >> 6) & 0x02000200u);
   const uint32_t w = q < 5 ? w0 : (q < 10 ? w1 : w2);
   const int sh = 3 * (q % 5);
-  const uint32_t f = w & (0x00070007u << sh);
-  return sh <= 7 ? f << (7 - sh) : f >> (sh - 7);
+  const uint32_t f = and_mask(w, 0x00070007u << sh);
+  return sh <= 7 ? f * (1u << (7 - sh)) : f >> (sh - 7);
 }
 
-// sm: the chunk's 32 sign/mantissa bytes as 8 words (row r = words 2r, 2r+1); w: its 3 code words;
-// out[4r + p] = BF16 pair (channels 2p, 2p+1 of row r; even channel in the low half).
-GAAC_HD void decode_chunk(const uint32_t sm[8], const uint32_t w[3], const uint32_t b8p[4], uint32_t out[16]) {
-GAAC_UNROLL
-  for (int q = 0; q < 16; ++q) {
-    const int r = q >> 2, p = q & 3;
-    const uint32_t x = prmt(sm[2 * r + (p >> 1)], 0, (p & 1) ? 0x3322u : 0x1100u);
-    const uint32_t e = b8p[p] + pair_field(w[0], w[1], w[2], q);
-    out[q] = bitsel(SIGN_MANT, x, e);
+// One row r of a chunk: sm2 = its 8 sign/mantissa bytes as 2 words, w = the chunk's 3 code words;
+// o[p] = BF16 pair (channels 2p, 2p+1 of the row; even channel in the low half).
+GAAC_HD void decode_row(const uint32_t sm2[2], const uint32_t w[3], const uint32_t b8p[4], int r, uint32_t o[4]) {
+  GAAC_UNROLL
+  for (int p = 0; p < 4; ++p) {
+    const uint32_t x = prmt(sm2[p >> 1], 0, (p & 1) ? 0x3322u : 0x1100u);  // bytes b,b,b',b' -> 2 lanes
+    // (x & 0x807F807F) | base8 pair (one LOP3), then + the code field (LEA / IMAD): base8 <= 248 and
+    // code <= 7, so the sum stays inside bits 7-14 / 23-30 and equals bitsel(SIGN_MANT, x, base8 + code)
+    o[p] = bitsel(SIGN_MANT, x, b8p[p]) + pair_field(w[0], w[1], w[2], 4 * r + p);
   }
+}
+
+// The main path of a chunk: sm = its 32 sign/mantissa bytes as 8 words (row r = words 2r, 2r+1);
+// out[4r + p] = pair p of row r.
+GAAC_HD void decode_chunk(const uint32_t sm[8], const uint32_t w[3], const uint32_t b8p[4], uint32_t out[16]) {
+  GAAC_UNROLL
+  for (int r = 0; r < 4; ++r) decode_row(sm + 2 * r, w, b8p, r, out + 4 * r);
 }
 
 // ------------------------------------------------------------------------------------------------
