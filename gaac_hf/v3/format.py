@@ -146,7 +146,7 @@ class GeometryV3:
         return 2 * self.numel
 
     def to_dict(self) -> dict:
-        return asdict(self) | {"format_version": FORMAT_VERSION, "group_axis": "channel"}
+        return asdict(self) | {"format_version": FORMAT_VERSION, "group_axis": "channel", "dtype": "bf16"}
 
     @classmethod
     def from_dict(cls, d: dict) -> "GeometryV3":
@@ -157,6 +157,8 @@ class GeometryV3:
                 hint = (" (v1/v2 blocks use tag planes and escape streams that v3 does not read; their calibration"
                         " windows carry over: gaac_hf.v3.table.load_table_v3 upgrades a v1/v2 table file)")
             raise ValueError(f"GAAC format version {v} is not supported by the v3 reader (it reads {FORMAT_VERSION}){hint}")
+        if d.get("dtype", "bf16") != "bf16":
+            raise ValueError(f"GAAC v3 {d.get('dtype')!r} tiles are reserved (docs/FORMAT_V3.md, FP8 tiles) and not implemented yet")
         if d.get("group_axis", "channel") != "channel":
             raise ValueError(f"format v3 groups along channels only, got group_axis={d.get('group_axis')!r}")
         return cls(block_size=d["block_size"], head_dim=d["head_dim"])
