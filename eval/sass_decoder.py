@@ -140,14 +140,31 @@ def measure(head_dim: int, tmp: str, p_wide: float, block_t: int = 64) -> dict:
     }
 
 
+CANDIDATE = REPO / "kernels" / "cuda" / "gaac_v3" / "candidate_tagplane.cu"
+
+
+def measure_candidate_b(head_dim: int, tmp: str) -> dict:
+    """The rejected tag-plane layout (candidate_tagplane.cu): one loop-free segment, 1,024 values."""
+    cubin = os.path.join(tmp, f"b_{head_dim}.cubin")
+    cmd = ["nvcc", "-cubin", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-O3", f"-DHEAD_DIM={head_dim}",
+           str(CANDIDATE), "-o", cubin]
+    subprocess.run(cmd, check=True, capture_output=True)
+    ops = sass_ops(cubin, "candidate_tagplane_segment")
+    return {"head_dim": head_dim, "warp_instr_per_value": round(sum(ops.values()) / 1024, 4), "sass_segment": sum(ops.values()),
+            "ops": dict(ops.most_common())}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(REPO / "eval" / "results" / "sass_decoder.json"))
     ap.add_argument("--head-dims", default=",".join(map(str, HEAD_DIMS)))
+    ap.add_argument("--candidates", action=argparse.BooleanOptionalAction, default=True,
+                    help="also count the rejected tag-plane layout (candidate_tagplane.cu)")
     args = ap.parse_args(argv)
     p_wide = wide_share()
     with tempfile.TemporaryDirectory() as tmp:
         rows = [measure(int(d), tmp, p_wide) for d in args.head_dims.split(",")]
+        cand = [measure_candidate_b(d, tmp) for d in (64, 128, 256)] if args.candidates else []
     nvcc = subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1]
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     dirty = bool(subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "kernels/cuda/gaac_v3"], capture_output=True, text=True).stdout.strip())
@@ -162,6 +179,8 @@ def main(argv=None) -> int:
         "target_warp_instr_per_value": 0.15,
         "v2_triton_decoder_warp_instr_per_value": 0.59,
         "rows": rows,
+        "rejected_candidate_B_tagplane": {"source": "kernels/cuda/gaac_v3/candidate_tagplane.cu", "rows": cand,
+                                          "warp_instr_per_value": {str(r["head_dim"]): r["warp_instr_per_value"] for r in cand}},
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
@@ -169,6 +188,8 @@ def main(argv=None) -> int:
         print(f"d={r['head_dim']:3d}: {r['warp_instr_per_value']:.4f} warp-instr/value (window {r['sass_window_without_fix_steps']}, "
               f"fix step {r['sass_fix_step']}), "
               f"regs " + ", ".join(f"{k.removeprefix('gaac_v3_')} {v.get('registers')}" for k, v in r["resources"].items()))
+    for r in cand:
+        print(f"rejected candidate B (tag plane) d={r['head_dim']}: {r['warp_instr_per_value']:.4f} warp-instr/value")
     return 0
 
 

@@ -200,40 +200,53 @@ struct ChunkCode {
   uint32_t wide, raw;  // bit r set: row r is wide / raw
 };
 
-// x[4r + p] = BF16 pair (channels 2p, 2p+1 of row r), b8/b16 the 8 channel bases.
-GAAC_HD void encode_chunk(const uint32_t x[16], const uint8_t b8[8], const uint8_t b16[8], ChunkCode& cc) {
+// x[4r + p] = BF16 pair (channels 2p, 2p+1 of row r); b8w / b16w: the 8 channel bases as 2 words
+// (byte j = channel j). Two values per 32-bit operation throughout: per pair, D8 = e + 504 - base8 and
+// D16 = e + 496 - base16 in each 16-bit lane (no lane ever borrows: both stay in [256, 760)), so a value
+// fits the 8-window iff D8 is in [504, 512), i.e. iff bits 3-8 of D8 are all ones (one LOP3 for the
+// pair, ~D & 0x01F801F8), and the 16-window iff bits 4-8 of D16 are; the coded bits follow from the same
+// words: lo3 = D & 7, bit 3 of the wide code = bit 3 of D16, bits 4-7 = bits 4-7 of D16 + 16.
+GAAC_HD void encode_chunk(const uint32_t x[16], const uint32_t b8w[2], const uint32_t b16w[2], ChunkCode& cc) {
+  uint32_t k8[4], k16[4];
+  GAAC_UNROLL
+  for (int p = 0; p < 4; ++p) {
+    const uint32_t sel = (p & 1) ? 0x4342u : 0x4140u;  // bases of channels 2p, 2p+1 -> bytes 0 and 2
+    k8[p] = 0x01F801F8u - prmt(b8w[p >> 1], 0, sel);
+    k16[p] = 0x01F001F0u - prmt(b16w[p >> 1], 0, sel);
+  }
   cc.w[0] = cc.w[1] = cc.w[2] = 0;
   cc.wide = cc.raw = 0;
-GAAC_UNROLL
+  GAAC_UNROLL
   for (int r = 0; r < 4; ++r) {
-    int e[8];
-    uint32_t smb[8];
-    bool fit3 = true, fit4 = true;
-GAAC_UNROLL
-    for (int j = 0; j < 8; ++j) {
-      const uint32_t v = (x[4 * r + (j >> 1)] >> (16 * (j & 1))) & 0xFFFFu;
-      e[j] = (int)((v >> 7) & 0xFF);
-      smb[j] = ((v >> 8) & 0x80u) | (v & 0x7Fu);
-      const int o8 = e[j] - (int)b8[j], o16 = e[j] - (int)b16[j];
-      fit3 = fit3 && o8 >= 0 && o8 < 8;
-      fit4 = fit4 && o16 >= 0 && o16 < 16;
+    const uint32_t* xr = x + 4 * r;
+    // sign/mantissa bytes: low and high bytes of 4 values gathered, then one bit select
+    cc.sm[2 * r] = bitsel(0x80808080u, prmt(xr[0], xr[1], 0x7531u), prmt(xr[0], xr[1], 0x6420u));
+    cc.sm[2 * r + 1] = bitsel(0x80808080u, prmt(xr[2], xr[3], 0x7531u), prmt(xr[2], xr[3], 0x6420u));
+    uint32_t d8[4], d16[4], bad8 = 0, bad16 = 0;
+    GAAC_UNROLL
+    for (int p = 0; p < 4; ++p) {
+      const uint32_t e = (xr[p] >> 7) & 0x00FF00FFu;
+      d8[p] = e + k8[p];
+      d16[p] = e + k16[p];
+      bad8 |= ~d8[p] & 0x01F801F8u;
+      bad16 |= ~d16[p] & 0x01F001F0u;
     }
-    cc.sm[2 * r] = smb[0] | (smb[1] << 8) | (smb[2] << 16) | (smb[3] << 24);
-    cc.sm[2 * r + 1] = smb[4] | (smb[5] << 8) | (smb[6] << 16) | (smb[7] << 24);
-    uint32_t h = 0, rw = 0;
-GAAC_UNROLL
-    for (int j = 0; j < 8; ++j) {
-      const uint32_t c = fit3 ? (uint32_t)(e[j] - b8[j]) : (uint32_t)(e[j] - b16[j]) & 0xFFu;
-      const int p = j >> 1, odd = j & 1, q = 4 * r + p;
-      const uint32_t lo3 = c & 7;
+    const bool fit3 = bad8 == 0, fit4 = bad16 == 0;
+    uint32_t hh = 0, rw = 0;
+    GAAC_UNROLL
+    for (int p = 0; p < 4; ++p) {
+      const int q = 4 * r + p;
+      const uint32_t lo = (fit3 ? d8[p] : d16[p]) & 0x00070007u;  // low 3 code bits, both lanes
       if (q == SPLIT_PAIR) {
-        for (int b = 0; b < 3; ++b) cc.w[b] |= ((lo3 >> b) & 1) << (15 + 16 * odd);
+        GAAC_UNROLL
+        for (int b = 0; b < 3; ++b) cc.w[b] |= ((lo >> b) & 0x00010001u) << 15;
       } else {
-        cc.w[q / 5] |= lo3 << (3 * (q % 5) + 16 * odd);
+        cc.w[q / 5] |= lo << (3 * (q % 5));
       }
-      h |= ((c >> 3) & 1) << (p + 4 * odd);
-      rw |= (c >> 4) << (4 * p + 16 * odd);
+      hh |= ((d16[p] >> 3) & 0x00010001u) << p;                            // bits p / 16 + p
+      rw |= (((d16[p] + 0x00100010u) >> 4) & 0x000F000Fu) << (4 * p);      // nibbles p / 4 + p
     }
+    const uint32_t h = (hh & 0xFu) | ((hh >> 12) & 0xF0u);
     const bool raw = !fit3 && !fit4;
     cc.entry[r] = ((uint32_t)raw << 7) | (h << 8);
     cc.rword[r] = rw;

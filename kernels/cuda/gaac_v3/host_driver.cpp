@@ -79,7 +79,10 @@ static int encode_block(const Geom& g, const uint32_t* x, const uint8_t* b8, con
     for (int r = 0; r < 4; ++r)
       for (int p = 0; p < 4; ++p) xv[4 * r + p] = x[(row0 + r) * words_per_row + 4 * col + p];
     ChunkCode cc;
-    encode_chunk(xv, b8 + 8 * col, b16 + 8 * col, cc);
+    uint32_t b8w[2], b16w[2];
+    std::memcpy(b8w, b8 + 8 * col, 8);
+    std::memcpy(b16w, b16 + 8 * col, 8);
+    encode_chunk(xv, b8w, b16w, cc);
     for (int i = 0; i < 8; ++i) st32(&buf[32 * c + 4 * i], cc.sm[i]);
     for (int k = 0; k < 3; ++k) st32(&buf[code_word_off(g, s, lane, k)], cc.w[k]);
     for (int r = 0; r < 4; ++r) {

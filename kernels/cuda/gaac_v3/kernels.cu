@@ -264,15 +264,10 @@ gaac_v3_encode(const uint16_t* __restrict__ x, const uint8_t* __restrict__ b8, c
       const uint4 v = ld128(src + r * D);
       xv[4 * r] = v.x, xv[4 * r + 1] = v.y, xv[4 * r + 2] = v.z, xv[4 * r + 3] = v.w;
     }
-    uint8_t bb8[8], bb16[8];
     const uint2 p8 = *reinterpret_cast<const uint2*>(b8 + (size_t)i * base_stride + GROUP * col);
     const uint2 p16 = *reinterpret_cast<const uint2*>(b16 + (size_t)i * base_stride + GROUP * col);
-    GAAC_UNROLL
-    for (int j = 0; j < 4; ++j) {
-      bb8[j] = (p8.x >> (8 * j)) & 0xFF, bb8[4 + j] = (p8.y >> (8 * j)) & 0xFF;
-      bb16[j] = (p16.x >> (8 * j)) & 0xFF, bb16[4 + j] = (p16.y >> (8 * j)) & 0xFF;
-    }
-    encode_chunk(xv, bb8, bb16, cc);
+    const uint32_t b8w[2] = {p8.x, p8.y}, b16w[2] = {p16.x, p16.y};
+    encode_chunk(xv, b8w, b16w, cc);
     st128(row + 32 * c, cc.sm[0], cc.sm[1], cc.sm[2], cc.sm[3]);
     st128(row + 32 * c + 16, cc.sm[4], cc.sm[5], cc.sm[6], cc.sm[7]);
     GAAC_UNROLL
