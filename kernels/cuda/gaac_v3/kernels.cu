@@ -89,7 +89,7 @@ __device__ __forceinline__ void window_main(const uint8_t* blk, int s_lo, int la
     if constexpr (MODE == MODE_STORE) {
       uint16_t* dst;
       if constexpr (COL_FIXED)  // 32 chunks of a segment = 32 / cols bands of 4 rows
-        dst = o + (CHUNK_ROWS * (SEG_CHUNKS * s_lo + lane) / GEO.cols) * D + GROUP * (lane % GEO.cols) +
+        dst = o + CHUNK_ROWS * ((SEG_CHUNKS * s_lo + lane) / GEO.cols) * D + GROUP * (lane % GEO.cols) +
               k * (CHUNK_ROWS * SEG_CHUNKS / GEO.cols) * D;
       else
         dst = o + chunk_row0(GEO, c) * D + GROUP * chunk_col(GEO, c);
