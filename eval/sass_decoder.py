@@ -4,7 +4,7 @@
 
 kernels/cuda/gaac_v3/kernels.cu built with -DGAAC_V3_COUNT adds gaac_v3_count_item, a loop-free twin
 of one work item of the product decoder gaac_v3_decode (it calls the same decode_item): the main path
-of a window of 4 segments (4,096 values, 128 per lane) and its fix-up with exactly k unrolled 32-entry
+of a window of WINDOW_SEGS segments (a block cut into ceil(segments / 8) equal windows) and its fix-up with exactly k unrolled 32-entry
 steps (-DGAAC_V3_COUNT_STEPS=k). Loop-free, so the static SASS count is what one warp issues. With
 c1, c2 the counts for k = 1, 2: step = c2 - c1, rest = c1 - step, and
 
@@ -121,9 +121,11 @@ def measure(head_dim: int, tmp: str, p_wide: float, block_t: int = 64) -> dict:
     step, rest = c2 - c1, 2 * c1 - c2
     chunks = (block_t // 4) * (head_dim // 8)
     segs = -(-chunks // 32)
+    nwin = -(-segs // 8)
+    win = -(-segs // nwin)  # kernels.cu WINDOW_SEGS
     cost = values = 0.0
-    for w0 in range(0, segs, 4):
-        ch = min(chunks, 32 * (w0 + 4)) - 32 * w0
+    for w0 in range(0, segs, win):
+        ch = min(chunks, 32 * (w0 + win)) - 32 * w0
         cost += rest + expected_steps(4 * ch, p_wide) * step
         values += 32 * ch
     ints = sum(counts[1][o] for o in INT_PIPE)
@@ -133,7 +135,8 @@ def measure(head_dim: int, tmp: str, p_wide: float, block_t: int = 64) -> dict:
         "thread_instr_per_value": round(32 * cost / values, 3),
         "sass_window_without_fix_steps": rest,
         "sass_fix_step": step,
-        "expected_fix_steps_per_full_window": round(expected_steps(512, p_wide), 3) if chunks >= 128 else None,
+        "window_segments": win,
+        "expected_fix_steps_per_full_window": round(expected_steps(4 * 32 * win, p_wide), 3) if chunks >= 32 * win else None,
         "int_pipe_share_of_one_step_item": round(ints / c1, 3),
         "ops_one_step_item": dict(counts[1].most_common()),
         "resources": {k: v for k, v in res.items() if not k.startswith("gaac_v3_count")},

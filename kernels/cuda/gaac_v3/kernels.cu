@@ -19,8 +19,11 @@
 #ifndef DECODE_THREADS
 #define DECODE_THREADS 256
 #endif
-#ifndef DECODE_MIN_CTAS  // 4 x 256 threads per SM: caps the decoders at 64 registers (50% occupancy)
+#ifndef DECODE_MIN_CTAS  // 4 x 256 threads per SM: caps the decoder at 64 registers (50% occupancy)
 #define DECODE_MIN_CTAS 4
+#endif
+#ifndef REDUCE_MIN_CTAS  // decode-and-reduce keeps a row's wrong and right words too: 3 CTAs, <= 80 registers
+#define REDUCE_MIN_CTAS 3
 #endif
 
 namespace {
@@ -35,7 +38,13 @@ constexpr int CAP = 2 * NUMEL;  // encoder row capacity = raw BF16 size
 static_assert(D % 16 == 0 && D <= 256, "HEAD_DIM must be a multiple of 16 up to 256");
 static_assert(GEO.segs <= 32, "the encoder runs one warp per segment in one CTA");
 
-constexpr int WIN = 4;  // segments per warp work item (the fix-up walks their entry lists as one)
+// segments per warp work item (the fix-up walks their entry lists as one list): a block is cut into
+// ceil(segs / 8) windows of equal size (the whole block up to 8 segments), so no window is much
+// shorter than the others (a short window pays the fixed cost of an item for few values)
+#ifndef WINDOW_SEGS
+#define WINDOW_SEGS ((make_geom(T, D).segs + (make_geom(T, D).segs + 7) / 8 - 1) / ((make_geom(T, D).segs + 7) / 8))
+#endif
+constexpr int WIN = WINDOW_SEGS;
 constexpr int NWIN = (make_geom(T, D).segs + WIN - 1) / WIN;
 constexpr bool FULL = make_geom(T, D).chunks % SEG_CHUNKS == 0;  // every segment has 32 chunks
 constexpr bool COL_FIXED = SEG_CHUNKS % (D / GROUP) == 0;      // a lane's column is the same in every segment
@@ -111,7 +120,7 @@ __device__ __forceinline__ void window_fix(const uint8_t* blk, int s_lo, int lan
   const int s_hi = s_lo + WIN < GEO.segs ? s_lo + WIN : GEO.segs;
   const uint8_t* segtab = blk + GEO.segtab_off;
   const uint32_t s0 = ld32(segtab + 4 * s_lo), tot = ld32(segtab + 4 * GEO.segs);
-  int bnd[WIN - 1];
+  int bnd[WIN > 1 ? WIN - 1 : 1];
   GAAC_UNROLL
   for (int k = 1; k < WIN; ++k) bnd[k - 1] = (s_lo + k < s_hi) ? (int)(ld32(segtab + 4 * (s_lo + k)) & 0xFFFF) : 0x10000;
   const int e0 = s0 & 0xFFFF, n = (int)(ld32(segtab + 4 * s_hi) & 0xFFFF) - e0;
@@ -205,7 +214,7 @@ gaac_v3_decode(const uint8_t* __restrict__ pool, const long long* __restrict__ e
 
 // Decode-and-reduce: decodes every value like gaac_v3_decode and stores none: every decoded 32-bit
 // pair word is XOR-folded into one word per CTA (fold[blockIdx.x]); listed groups fold (wrong ^ right).
-extern "C" __global__ void __launch_bounds__(DECODE_THREADS, DECODE_MIN_CTAS)
+extern "C" __global__ void __launch_bounds__(DECODE_THREADS, REDUCE_MIN_CTAS)
 gaac_v3_decode_reduce(const uint8_t* __restrict__ pool, const long long* __restrict__ entries, const uint32_t* __restrict__ b8p,
                       const uint32_t* __restrict__ dbp, int base_stride, uint32_t* __restrict__ fold, int n_blocks) {
   __shared__ uint32_t warp_fold[DECODE_THREADS / 32];
