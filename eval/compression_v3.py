@@ -29,6 +29,19 @@ from gaac_hf.v3.format import FORMAT_VERSION, SEGMENT_CHUNKS, GeometryV3, ceil_t
 from gaac_hf.v3.table import load_table_v3  # noqa: E402
 
 
+def dense4_bytes(blocks: torch.Tensor, b16: torch.Tensor, g: GeometryV3) -> int:
+    """Candidate C: no 3-bit mode: every group 4-bit (dense 4-bit codes, n/2 bytes) unless it does not fit
+    the 16-window; those listed like v3's raw groups (2-byte entry + 4-byte raw word) + 8-byte entry."""
+    from gaac_hf.v3.codec import chunk_bases, split_bf16, to_chunks
+
+    e = to_chunks(split_bf16(blocks)[0], g)
+    b = chunk_bases(b16, blocks.shape[0], g, "base16")
+    off = e - b
+    raw = (~((off >= 0) & (off < 16)).all(-1)).reshape(blocks.shape[0], -1).sum(-1)
+    nb = ((g.numel + g.numel // 2 + g.segtab_bytes + 6 * raw + 15) // 16) * 16
+    return int(torch.where(nb <= g.raw_bytes, nb, g.raw_bytes).sum() + 8 * blocks.shape[0])
+
+
 def candidate_bytes(modes: torch.Tensor, g: GeometryV3) -> dict:
     """Stored bytes per block (incl. block-table entry) of each candidate layout, from the group modes.
 
@@ -97,6 +110,7 @@ def main(argv=None) -> int:
                 tot["modes"][kind] += torch.bincount(enc.modes.reshape(-1), minlength=3)
                 for k, v in candidate_bytes(enc.modes, g).items():
                     cand[k] = cand.get(k, 0) + v
+                cand["C_dense_4bit_only"] = cand.get("C_dense_4bit_only", 0) + dense4_bytes(blocks, b16, g)
                 if args.dump and ci == 0:
                     keep = torch.arange(h * nb) % nb < args.dump_tokens // g.block_size
                     dump["x"].append(blocks[keep].clone())
