@@ -77,7 +77,9 @@ def main(argv=None) -> int:
     ap.add_argument("--eval-max-tokens", type=int, default=32768)
     ap.add_argument("--dump", default=None, help="also write real blocks + bases here (for eval/bench_codec_v3.py)")
     ap.add_argument("--dump-tokens", type=int, default=512)
-    ap.add_argument("--out", default=str(REPO / "eval" / "results" / "compression_smollm2_v3.json"))
+    ap.add_argument("--full-cache", action="store_true", help="keep every token of sliding-window layers and measure them too")
+    ap.add_argument("--name", default="smollm2", help="name in the output file")
+    ap.add_argument("--out", default=None, help="default: eval/results/compression_<name>_v3.json")
     args = ap.parse_args(argv)
 
     from gaac_hf.collect import run_chunks, split_chunks, tokenize
@@ -92,11 +94,13 @@ def main(argv=None) -> int:
     cand: dict[str, int] = {}
     bit_exact, dump = True, {"x": [], "b8": [], "b16": []}
     seqs = 0
-    for ci, keys, values in run_chunks(model, chunks, desc="held-out forward + v3 codec"):
+    for ci, keys, values in run_chunks(model, chunks, desc="held-out forward + v3 codec", full_cache=args.full_cache):
         seqs += 1
         for li in range(len(keys)):
             for kind, x in ((0, keys[li]), (1, values[li])):
                 h, s, d = x.shape
+                if s < args.context:  # a sliding-window layer's cache (GAAC compresses full-attention layers)
+                    continue
                 nb = s // g.block_size
                 blocks = x[:, : nb * g.block_size].reshape(h * nb, g.block_size, d)
                 b8, b16 = (b.repeat_interleave(nb, 0) for b in table.bases(li, kind))
@@ -142,14 +146,16 @@ def main(argv=None) -> int:
         },
         "calibration": {"table": str(Path(args.table).resolve().relative_to(REPO)) if Path(args.table).resolve().is_relative_to(REPO) else args.table,
                         "upgraded_from": table.meta.get("upgraded_from"), "text": table.meta.get("text"), "context": table.meta.get("context")},
-        "evaluation": {"text": "wikitext-2-raw-v1/wiki.test.raw", "sequences": seqs, "context": args.context, "tokens": int(chunks.numel())},
+        "evaluation": {"text": "wikitext-2-raw-v1/wiki.test.raw", "sequences": seqs, "context": args.context, "tokens": int(chunks.numel()),
+                       "full_cache": args.full_cache},
         "commit": commit,
         "command": "python eval/compression_v3.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "seconds": round(time.time() - t0, 1),
         "versions": {"torch": torch.__version__, "transformers": __import__("transformers").__version__},
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    out = Path(args.out or REPO / "eval" / "results" / f"compression_{args.name}_v3.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
     if args.dump:
         Path(args.dump).parent.mkdir(parents=True, exist_ok=True)
         torch.save({k: torch.cat(v) for k, v in dump.items()} | {"model": model_name, "segment_chunks": SEGMENT_CHUNKS}, args.dump)
