@@ -129,6 +129,7 @@ def measure(head_dim: int, tmp: str, p_wide: float, block_t: int = 64) -> dict:
         cost += rest + expected_steps(4 * ch, p_wide) * step
         values += 32 * ch
     ints = sum(counts[1][o] for o in INT_PIPE)
+    enc = sass_ops(os.path.join(tmp, f"v3_{head_dim}_1.cubin"), "gaac_v3_encode")
     return {
         "head_dim": head_dim,
         "warp_instr_per_value": round(cost / values, 4),
@@ -138,6 +139,9 @@ def measure(head_dim: int, tmp: str, p_wide: float, block_t: int = 64) -> dict:
         "window_segments": win,
         "expected_fix_steps_per_full_window": round(expected_steps(4 * 32 * win, p_wide), 3) if chunks >= 32 * win else None,
         "int_pipe_share_of_one_step_item": round(ints / c1, 3),
+        # loop-free per CTA (one chunk per lane): static count / 1,024 values per warp; includes the
+        # once-per-block tail (segment table, padding) and the rare paths, so an upper bound
+        "encoder_warp_instr_per_value": round(sum(enc.values()) / 1024, 4),
         "ops_one_step_item": dict(counts[1].most_common()),
         "resources": {k: v for k, v in res.items() if not k.startswith("gaac_v3_count")},
     }
@@ -189,6 +193,7 @@ def main(argv=None) -> int:
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     for r in rows:
         print(f"d={r['head_dim']:3d}: {r['warp_instr_per_value']:.4f} warp-instr/value (window {r['sass_window_without_fix_steps']}, "
+              f"encoder <= {r['encoder_warp_instr_per_value']:.3f}, "
               f"fix step {r['sass_fix_step']}), "
               f"regs " + ", ".join(f"{k.removeprefix('gaac_v3_')} {v.get('registers')}" for k, v in r["resources"].items()))
     for r in cand:

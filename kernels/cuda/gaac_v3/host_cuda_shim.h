@@ -77,6 +77,7 @@ inline int __shfl_up_sync(unsigned, int v, int d) {
   const int r = (int)shim::exchange((uint32_t)v, lane >= d ? lane - d : lane);
   return r;
 }
+inline int __shfl_sync(unsigned, int v, int src) { return (int)shim::exchange((uint32_t)v, src); }
 inline uint32_t __shfl_xor_sync(unsigned, uint32_t v, int m) { return shim::exchange(v, (threadIdx.x & 31) ^ m); }
 inline void __syncwarp() { shim::my_warp().bar.arrive_and_wait(); }
 inline void __syncthreads() { shim::cta->arrive_and_wait(); }

@@ -40,7 +40,7 @@ int main(int argc, char** argv) {
   const int n = argc > 2 ? std::atoi(argv[2]) : 0;
   if (mode == "encode" && argc == 8) {
     auto x = rd(argv[3]), b8 = rd(argv[4]), b16 = rd(argv[5]);
-    std::vector<uint8_t> rows((size_t)n * CAP, 0);
+    std::vector<uint8_t> rows((size_t)n * CAP, 0xA5);  // poison: the kernel must write every byte of a block
     std::vector<int> nbytes(n, -1);
     uint8_t* rp = aligned_copy<uint8_t>(rows);
     shim::launch(gaac_v3_encode, n, 32 * GEO.segs, (const uint16_t*)aligned_copy<uint16_t>(x), (const uint8_t*)aligned_copy<uint8_t>(b8),

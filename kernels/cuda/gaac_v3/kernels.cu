@@ -292,11 +292,16 @@ gaac_v3_encode(const uint16_t* __restrict__ x, const uint8_t* __restrict__ b8, c
   }
   if (lane == 31) seg_ent[s] = iw, seg_raw[s] = ir;
   __syncthreads();
-  int e_start = 0, r_start = 0, e_tot = 0, r_tot = 0;
-  for (int k = 0; k < GEO.segs; ++k) {
-    if (k < s) e_start += seg_ent[k], r_start += seg_raw[k];
-    e_tot += seg_ent[k], r_tot += seg_raw[k];
+  // segment starts and block totals: lane k holds segment k's counts, one more warp scan
+  const int ke = lane < GEO.segs ? seg_ent[lane] : 0, kr = lane < GEO.segs ? seg_raw[lane] : 0;
+  int se = ke, sr = kr;
+  GAAC_UNROLL
+  for (int k = 1; k < 32; k <<= 1) {
+    const int a = __shfl_up_sync(0xFFFFFFFFu, se, k), b = __shfl_up_sync(0xFFFFFFFFu, sr, k);
+    if (lane >= k) se += a, sr += b;
   }
+  const int e_start = __shfl_sync(0xFFFFFFFFu, se - ke, s), r_start = __shfl_sync(0xFFFFFFFFu, sr - kr, s);
+  const int e_tot = __shfl_sync(0xFFFFFFFFu, se, GEO.segs - 1), r_tot = __shfl_sync(0xFFFFFFFFu, sr, GEO.segs - 1);
   const int ro = raw_off(GEO, e_tot), nb = block_bytes(GEO, e_tot, r_tot);
   int e = e_start + iw - nw, q = r_start + ir - nr;
   GAAC_UNROLL
@@ -313,8 +318,9 @@ gaac_v3_encode(const uint16_t* __restrict__ x, const uint8_t* __restrict__ b8, c
   if (lane == 0) *reinterpret_cast<uint32_t*>(row + GEO.segtab_off + 4 * s) = (uint32_t)e_start | ((uint32_t)r_start << 16);
   if (threadIdx.x == 0) {
     *reinterpret_cast<uint32_t*>(row + GEO.segtab_off + 4 * GEO.segs) = (uint32_t)e_tot | ((uint32_t)r_tot << 16);
-    for (int k = GEO.entry_off + 2 * e_tot; k < ro && k < CAP; ++k) row[k] = 0;  // padding bytes are zero
-    for (int k = ro + 4 * r_tot; k < nb && k < CAP; ++k) row[k] = 0;
+    // padding bytes are zero: 0 or 2 between the entries and the raw words, 0..12 (whole words) at the end
+    if (GEO.entry_off + 2 * e_tot < ro && ro <= CAP) *reinterpret_cast<uint16_t*>(row + ro - 2) = 0;
+    for (int k = ro + 4 * r_tot; k < nb && k + 4 <= CAP; k += 4) *reinterpret_cast<uint32_t*>(row + k) = 0;
     nbytes[i] = nb;
   }
 }
