@@ -195,6 +195,21 @@ __device__ __forceinline__ void decode_item(const uint8_t* __restrict__ pool, lo
   window_fix<MODE>(blk, s_lo, lane, b8row, dbp + (size_t)i * base_stride, o, acc);
 }
 
+// Grid-stride loop over (block, window) items, one warp per item; returns this lane's XOR fold.
+template <int MODE>
+__device__ __forceinline__ uint32_t run_items(const uint8_t* __restrict__ pool, const long long* __restrict__ entries,
+                                              const uint32_t* b8p, const uint32_t* dbp, int base_stride, uint16_t* out,
+                                              int n_blocks) {
+  const int lane = threadIdx.x & 31;
+  const unsigned warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, nwarps = (gridDim.x * blockDim.x) >> 5;
+  uint32_t acc = 0;
+  for (unsigned item = warp; item < (unsigned)n_blocks * NWIN; item += nwarps) {  // n_blocks * NWIN < 2^32
+    const int i = (int)(item / NWIN), wdx = (int)(item % NWIN);
+    decode_item<MODE>(pool, entries[i], i, wdx, lane, b8p, dbp, base_stride, out, acc);
+  }
+  return acc;
+}
+
 }  // namespace
 
 // Standalone decoder: pool + block-table entries -> BF16 [N, T, D]; grid-stride over (block, window).
@@ -203,13 +218,7 @@ __device__ __forceinline__ void decode_item(const uint8_t* __restrict__ pool, lo
 extern "C" __global__ void __launch_bounds__(DECODE_THREADS, DECODE_MIN_CTAS)
 gaac_v3_decode(const uint8_t* __restrict__ pool, const long long* __restrict__ entries, const uint32_t* __restrict__ b8p,
                const uint32_t* __restrict__ dbp, int base_stride, uint16_t* __restrict__ out, int n_blocks) {
-  const int lane = threadIdx.x & 31;
-  const unsigned warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, nwarps = (gridDim.x * blockDim.x) >> 5;
-  uint32_t acc = 0;
-  for (unsigned item = warp; item < (unsigned)n_blocks * NWIN; item += nwarps) {  // n_blocks * NWIN < 2^32
-    const int i = (int)(item / NWIN), wdx = (int)(item % NWIN);
-    decode_item<MODE_STORE>(pool, entries[i], i, wdx, lane, b8p, dbp, base_stride, out, acc);
-  }
+  run_items<MODE_STORE>(pool, entries, b8p, dbp, base_stride, out, n_blocks);
 }
 
 // Decode-and-reduce: decodes every value like gaac_v3_decode and stores none: every decoded 32-bit
@@ -219,12 +228,7 @@ gaac_v3_decode_reduce(const uint8_t* __restrict__ pool, const long long* __restr
                       const uint32_t* __restrict__ dbp, int base_stride, uint32_t* __restrict__ fold, int n_blocks) {
   __shared__ uint32_t warp_fold[DECODE_THREADS / 32];
   const int lane = threadIdx.x & 31;
-  const unsigned warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, nwarps = (gridDim.x * blockDim.x) >> 5;
-  uint32_t acc = 0;
-  for (unsigned item = warp; item < (unsigned)n_blocks * NWIN; item += nwarps) {  // n_blocks * NWIN < 2^32
-    const int i = (int)(item / NWIN), wdx = (int)(item % NWIN);
-    decode_item<MODE_FOLD>(pool, entries[i], i, wdx, lane, b8p, dbp, base_stride, nullptr, acc);
-  }
+  uint32_t acc = run_items<MODE_FOLD>(pool, entries, b8p, dbp, base_stride, nullptr, n_blocks);
   GAAC_UNROLL
   for (int k = 16; k; k >>= 1) acc ^= __shfl_xor_sync(0xFFFFFFFFu, acc, k);
   if (lane == 0) warp_fold[threadIdx.x >> 5] = acc;
