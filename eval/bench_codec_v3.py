@@ -31,9 +31,9 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from gaac_hf.v3 import cuda as cu  # noqa: E402
-from gaac_hf.v3.codec import encode_blocks_v3, pack_blocks  # noqa: E402
-from gaac_hf.v3.format import GeometryV3  # noqa: E402
+from gaac_hf.kernels.cuda import codec_v3 as cu  # noqa: E402
+from gaac_hf.codec.v3 import encode_blocks_v3, pack_blocks  # noqa: E402
+from gaac_hf.format.v3 import GeometryV3  # noqa: E402
 
 
 def widen(x, b8, b16, k):

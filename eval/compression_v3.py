@@ -24,15 +24,15 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 DATA = REPO.parent / "shared" / "data"
 
-from gaac_hf.v3.codec import decode_blocks_v3, encode_blocks_v3, stored_bytes  # noqa: E402
-from gaac_hf.v3.format import FORMAT_VERSION, SEGMENT_CHUNKS, GeometryV3, ceil_to  # noqa: E402
-from gaac_hf.v3.table import load_table_v3  # noqa: E402
+from gaac_hf.codec.v3 import decode_blocks_v3, encode_blocks_v3, stored_bytes  # noqa: E402
+from gaac_hf.format.v3 import FORMAT_VERSION, SEGMENT_CHUNKS, GeometryV3, ceil_to  # noqa: E402
+from gaac_hf.calibration.v3 import load_table_v3  # noqa: E402
 
 
 def dense4_bytes(blocks: torch.Tensor, b16: torch.Tensor, g: GeometryV3) -> int:
     """Candidate C: no 3-bit mode: every group 4-bit (dense 4-bit codes, n/2 bytes) unless it does not fit
     the 16-window; those listed like v3's raw groups (2-byte entry + 4-byte raw word) + 8-byte entry."""
-    from gaac_hf.v3.codec import chunk_bases, split_bf16, to_chunks
+    from gaac_hf.codec.v3 import chunk_bases, split_bf16, to_chunks
 
     e = to_chunks(split_bf16(blocks)[0], g)
     b = chunk_bases(b16, blocks.shape[0], g, "base16")

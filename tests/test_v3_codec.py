@@ -5,11 +5,11 @@ import json
 import pytest
 import torch
 
-from gaac_hf.v3.codec import (
+from gaac_hf.codec.v3 import (
     decode_blocks_v3, decode_pool_v3, encode_blocks_v3, pack_blocks, pack_code_words, stored_bytes, unpack_code_words,
 )
-from gaac_hf.v3.format import ENTRY_RAW, FORMAT_VERSION, GeometryV3
-from gaac_hf.v3.table import TableV3, load_table_v3
+from gaac_hf.format.v3 import ENTRY_RAW, FORMAT_VERSION, GeometryV3
+from gaac_hf.calibration.v3 import TableV3, load_table_v3
 from tests.v3_cases import adversarial_blocks, same_bits
 
 SHIPPED = "calibration_data/smollm2-135m.safetensors"

@@ -1,5 +1,5 @@
 """The v3 C++ core (kernels/cuda/gaac_v3/core.cuh), compiled by g++, against the PyTorch reference
-(gaac_hf/v3/codec.py): decoder bit for bit, encoder byte for byte.
+(gaac_hf/codec/v3.py): decoder bit for bit, encoder byte for byte.
 
 The driver is built once per session in a temp dir; blocks and outputs travel as raw files.
 A mutation check (one shift of the core changed, rebuilt) must make the comparison fail.
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from gaac_hf.v3.codec import decode_pool_v3, encode_blocks_v3, pack_blocks
-from gaac_hf.v3.format import GeometryV3
+from gaac_hf.codec.v3 import decode_pool_v3, encode_blocks_v3, pack_blocks
+from gaac_hf.format.v3 import GeometryV3
 from tests.v3_cases import adversarial_blocks, every_pattern_blocks, same_bits
 
 CORE_DIR = Path(__file__).resolve().parents[1] / "kernels" / "cuda" / "gaac_v3"

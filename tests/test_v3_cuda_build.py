@@ -38,10 +38,10 @@ def test_decoder_instructions_per_value(tmp_path, head_dim):
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256, 112])
 def test_nvrtc_compiles_the_launcher_source(tmp_path, monkeypatch, head_dim):
-    """The exact source the GPU launchers compile (core.cuh inlined, no toolkit headers) builds with
+    """The exact source the GPU launchers compile (kernels.cu with its neighbour core.cuh, no toolkit headers) builds with
     NVRTC for sm_90a on a machine without a GPU."""
     pytest.importorskip("cuda.core")
-    from gaac_hf.v3 import cuda
+    from gaac_hf.kernels.cuda import codec_v3 as cuda
 
     monkeypatch.setenv("GAAC_CUDA_CACHE", str(tmp_path))
     try:

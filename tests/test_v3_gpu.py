@@ -8,8 +8,8 @@ generic head_dims.
 import pytest
 import torch
 
-from gaac_hf.v3.codec import decode_pool_v3, encode_blocks_v3, pack_blocks
-from gaac_hf.v3.format import GeometryV3
+from gaac_hf.codec.v3 import decode_pool_v3, encode_blocks_v3, pack_blocks
+from gaac_hf.format.v3 import GeometryV3
 from tests.v3_cases import adversarial_blocks, every_pattern_blocks, same_bits
 
 pytestmark = pytest.mark.gpu
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def cu():
-    from gaac_hf.v3 import cuda
+    from gaac_hf.kernels.cuda import codec_v3 as cuda
 
     reason = cuda.why_unavailable()
     if reason:

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from gaac_hf.v3.codec import encode_blocks_v3, pack_blocks
-from gaac_hf.v3.cuda import pair_tables, xor_fold
-from gaac_hf.v3.format import GeometryV3
+from gaac_hf.codec.v3 import encode_blocks_v3, pack_blocks
+from gaac_hf.kernels.cuda.codec_v3 import pair_tables, xor_fold
+from gaac_hf.format.v3 import GeometryV3
 from tests.v3_cases import adversarial_blocks, every_pattern_blocks, same_bits
 
 SRC = Path(__file__).resolve().parents[1] / "kernels" / "cuda" / "gaac_v3"

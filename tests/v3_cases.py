@@ -1,8 +1,8 @@
 """Shared v3 test inputs: every BF16 pattern in every channel position, adversarial blocks."""
 import torch
 
-from gaac_hf.v3.codec import split_bf16
-from gaac_hf.v3.format import GeometryV3
+from gaac_hf.codec.v3 import split_bf16
+from gaac_hf.format.v3 import GeometryV3
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> None:

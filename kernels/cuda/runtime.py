@@ -63,11 +63,18 @@ def arch_of(device: torch.device) -> str:
 
 
 def _headers_digest() -> str:
+    """Every header a source of this folder can include (include/ and the sources' own folders)."""
     h = hashlib.sha256()
-    for p in sorted(INCLUDE.rglob("*.cuh")):
-        h.update(p.relative_to(INCLUDE).as_posix().encode())
+    for p in sorted(HERE.rglob("*.cuh")):
+        h.update(p.relative_to(HERE).as_posix().encode())
         h.update(p.read_bytes())
     return h.hexdigest()
+
+
+def _include_dirs(source: str) -> list[str]:
+    """``include/`` plus the source's own folder (for its neighbour headers, e.g. gaac_v3/core.cuh)."""
+    own = (HERE / source).parent
+    return [str(INCLUDE)] + ([str(own)] if own != HERE else [])
 
 
 def cache_dir() -> pathlib.Path:
@@ -82,7 +89,8 @@ def nvcc_command(source: str, defines: dict[str, int | str], arch: str, out: str
     """The nvcc line that builds the same cubin as :func:`load` (for CPU-side resource checks)."""
     sm = arch.removeprefix("sm_")
     return ["nvcc", "-cubin", "-std=c++17", f"-gencode=arch=compute_{sm},code=sm_{sm}", "-O3",
-            "-Xptxas", "-v", f"-I{INCLUDE}", *_define_flags(defines), str(HERE / source), "-o", out]
+            "-Xptxas", "-v", *[f"-I{d}" for d in _include_dirs(source)], *_define_flags(defines),
+            str(HERE / source), "-o", out]
 
 
 _ENTRY = re.compile(r"Compiling entry function '(\w+)'")
@@ -154,11 +162,11 @@ def compile_cubin(source: str, defines: dict[str, int | str], arch: str) -> tupl
     if _cc is None:
         raise CudaUnavailable(why_unavailable())
     text = (HERE / source).read_text()
-    opts = dict(arch=arch, std="c++17", include_path=[str(INCLUDE)], ptxas_options=["-v"])
+    opts = dict(arch=arch, std="c++17", include_path=_include_dirs(source), ptxas_options=["-v"])
     key = hashlib.sha256("\0".join([
         text, _headers_digest(), repr(sorted(defines.items())), repr(sorted(opts.items())), _nvrtc_version(),
     ]).encode()).hexdigest()[:32]
-    path = cache_dir() / f"{pathlib.Path(source).stem}-{arch}-{key}.cubin"
+    path = cache_dir() / f"{source.replace('/', '_').removesuffix('.cu')}-{arch}-{key}.cubin"
     if path.exists():
         log_path = path.with_suffix(".log")
         return path.read_bytes(), log_path.read_text() if log_path.exists() else "", key

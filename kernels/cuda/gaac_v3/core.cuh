@@ -1,6 +1,6 @@
 // GAAC format v3: the one decoder (and encoder) core, header-only, __host__ __device__.
 //
-// Spec: docs/FORMAT_V3.md and gaac_hf/v3/codec.py (the PyTorch reference this must match bit for bit).
+// Spec: docs/FORMAT_V3.md and gaac_hf/codec/v3.py (the PyTorch reference this must match bit for bit).
 // The same source is compiled by g++ in the tests (tests/test_v3_core.py, through host_driver.cpp) and
 // by nvcc/NVRTC in the CUDA kernels (kernels.cu): there is no second copy of the bit logic.
 //
@@ -70,7 +70,7 @@ GAAC_HD int popc(uint32_t x) {
 }
 
 // ------------------------------------------------------------------------------------------------
-// constants (mirror gaac_hf/v3/format.py)
+// constants (mirror gaac_hf/format/v3.py)
 // ------------------------------------------------------------------------------------------------
 constexpr int GROUP = 8, CHUNK_ROWS = 4, CODE_WORDS = 3, SEG_CHUNKS = 32, ALIGN = 16;
 constexpr uint32_t SIGN_MANT = 0x807F807Fu;  // bits taken from the sm bytes

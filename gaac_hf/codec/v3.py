@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .format import (
+from ..format.v3 import (
     ALIGN, CHUNK_ROWS, CODE_WORDS, ENTRY_RAW, GROUP, MODE_3BIT, MODE_4BIT, MODE_RAW, SEGMENT_CHUNKS, SPLIT_PAIR,
     GeometryV3,
 )

@@ -1,108 +1,48 @@
 """GPU launchers of the v3 CUDA kernels (kernels/cuda/gaac_v3/kernels.cu), compiled at run time by NVRTC.
 
-Compiled through ``cuda.core`` (the project's CUDA toolchain; when ``gaac_hf.kernels.cuda.runtime``
-lands on this branch these launchers should move onto its ``load``/``launch``). The kernel source
-includes ``core.cuh`` by a relative path; it is inlined here so NVRTC needs no include path and no
-CUDA toolkit headers. Launches go on PyTorch's current stream, with no host synchronisation.
+Compiled and launched through the package's CUDA toolchain (``runtime``: NVRTC via ``cuda.core``, the
+disk cache, PyTorch's current stream, no host synchronisation). The kernel source includes its
+neighbour ``core.cuh``, the one copy of the bit logic (the tests also compile it with g++); no CUDA
+toolkit headers are needed.
 
 Shapes: N blocks, T = block_size, D = head_dim. Bases: uint8 ``[D]`` (shared) or ``[N, D]``.
 """
 from __future__ import annotations
 
-import functools
-import hashlib
-import os
-import pathlib
-import re
-import threading
 
 import torch
 
-from .codec import EncodedBlocksV3
-from .format import ALIGN, GeometryV3
+from gaac_hf.codec.v3 import EncodedBlocksV3
+from gaac_hf.format.v3 import ALIGN, GeometryV3
 
-SRC_DIR = pathlib.Path(__file__).resolve().parents[2] / "kernels" / "cuda" / "gaac_v3"
+from . import runtime
+
 DECODE_THREADS = 256
 
 
+SOURCE = "gaac_v3/kernels.cu"  # includes its neighbour core.cuh: the one copy of the bit logic
+
+
 def why_unavailable() -> str | None:
-    try:
-        import cuda.core  # noqa: F401
-    except ImportError as e:
-        return f"cuda.core is not installed: {e}"
-    if not torch.cuda.is_available():
-        return "no CUDA device"
-    return None
+    return runtime.why_unavailable()
 
 
-def source_text() -> str:
-    """kernels.cu with core.cuh inlined (the one copy of the bit logic)."""
-    text = (SRC_DIR / "kernels.cu").read_text()
-    core = (SRC_DIR / "core.cuh").read_text()
-    out, n = re.subn(r'#include "core\.cuh"', lambda _: core, text)
-    assert n == 1
-    return out
-
-
-class _TorchStream:
-    __slots__ = ("handle",)
-
-    def __init__(self, handle: int) -> None:
-        self.handle = handle
-
-    def __cuda_stream__(self):
-        return (0, self.handle)
-
-
-_lock = threading.Lock()
-_streams: dict = {}
-_kernels: dict = {}
+def _defines(block_t: int, head_dim: int) -> dict:
+    return dict(BLOCK_T=block_t, HEAD_DIM=head_dim)
 
 
 def compile_cubin(block_t: int, head_dim: int, arch: str) -> bytes:
     """NVRTC cubin of kernels.cu for one geometry and architecture (e.g. ``sm_90a``); needs no GPU.
-    Cached on disk under ``$GAAC_CUDA_CACHE`` (default ``~/.cache/gaac_hf/cuda``) by source hash."""
-    from cuda.core import Program, ProgramOptions
-
-    code = f"#define BLOCK_T {block_t}\n#define HEAD_DIM {head_dim}\n" + source_text()
-    key = hashlib.sha256((arch + code).encode()).hexdigest()[:24]
-    cache = pathlib.Path(os.environ.get("GAAC_CUDA_CACHE", pathlib.Path.home() / ".cache" / "gaac_hf" / "cuda"))
-    path = cache / f"gaac_v3-{arch}-{key}.cubin"
-    if path.exists():
-        return path.read_bytes()
-    cubin = bytes(Program(code, code_type="c++", options=ProgramOptions(arch=arch, std="c++17")).compile("cubin").code)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_bytes(cubin)
-    os.replace(tmp, path)  # atomic: a concurrent process never reads half a file
-    return cubin
-
-
-@functools.lru_cache(maxsize=None)
-def _module(block_t: int, head_dim: int, device_index: int):
-    from cuda.core import Device, ObjectCode
-
-    Device(device_index).set_current()
-    major, minor = torch.cuda.get_device_capability(device_index)
-    arch = f"sm_{major}{minor}a" if major == 9 else f"sm_{major}{minor}"
-    return ObjectCode.from_cubin(compile_cubin(block_t, head_dim, arch))
+    Through the package's CUDA toolchain (``runtime``), so it shares its disk cache and its key."""
+    return runtime.compile_cubin(SOURCE, _defines(block_t, head_dim), arch)[0]
 
 
 def _launch(g: GeometryV3, device: torch.device, name: str, grid: int, block: int, *args) -> None:
     import numpy as np
-    from cuda.core import Device, LaunchConfig, launch
 
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    with _lock:
-        kernel = _kernels.get((g.block_size, g.head_dim, index, name))
-        if kernel is None:
-            kernel = _kernels[(g.block_size, g.head_dim, index, name)] = _module(g.block_size, g.head_dim, index).get_kernel(name)
-        handle = torch.cuda.current_stream(device).cuda_stream
-        stream = _streams.get(handle)
-        if stream is None:
-            stream = _streams[handle] = Device(index).create_stream(_TorchStream(handle))
-    conv = [a.data_ptr() if isinstance(a, torch.Tensor) else (np.int32(a) if isinstance(a, int) else a) for a in args]
-    launch(stream, LaunchConfig(grid=(grid,), block=(block,), shmem_size=0), kernel, *conv)
+    mod = runtime.load(SOURCE, _defines(g.block_size, g.head_dim), device)
+    conv = [np.int32(a) if isinstance(a, int) else a for a in args]
+    runtime.launch(mod, name, (grid,), (block,), 0, *conv, device=device)
 
 
 def _rows(base: torch.Tensor, g: GeometryV3) -> tuple[torch.Tensor, int]:
@@ -130,7 +70,7 @@ def _grid(items: int, device: torch.device) -> int:
 
 def encode_blocks_cuda(x: torch.Tensor, base8: torch.Tensor, base16: torch.Tensor, g: GeometryV3,
                        *, zero_fill: bool = True) -> EncodedBlocksV3:
-    """CUDA twin of :func:`gaac_hf.v3.codec.encode_blocks_v3` (``modes`` is left empty).
+    """CUDA twin of :func:`gaac_hf.codec.v3.encode_blocks_v3` (``modes`` is left empty).
 
     zero_fill: start from zeroed rows, so rows are byte-identical to the reference's in full (the
     kernel writes a block's bytes only up to nbytes); False skips the memset (a block's bytes are
@@ -151,7 +91,7 @@ def encode_blocks_cuda(x: torch.Tensor, base8: torch.Tensor, base16: torch.Tenso
 
 def decode_pool_cuda(pool: torch.Tensor, entries: torch.Tensor, base8: torch.Tensor, base16: torch.Tensor, g: GeometryV3,
                      *, out: torch.Tensor | None = None, tables=None) -> torch.Tensor:
-    """CUDA twin of :func:`gaac_hf.v3.codec.decode_pool_v3`: BF16 ``[N, T, D]`` (into ``out`` if given).
+    """CUDA twin of :func:`gaac_hf.codec.v3.decode_pool_v3`: BF16 ``[N, T, D]`` (into ``out`` if given).
     ``tables``: precomputed :func:`pair_tables` (skips their construction per call)."""
     n = entries.shape[0]
     if out is None:

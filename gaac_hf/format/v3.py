@@ -155,7 +155,7 @@ class GeometryV3:
             hint = ""
             if v in (1, 2):
                 hint = (" (v1/v2 blocks use tag planes and escape streams that v3 does not read; their calibration"
-                        " windows carry over: gaac_hf.v3.table.load_table_v3 upgrades a v1/v2 table file)")
+                        " windows carry over: gaac_hf.calibration.v3.load_table_v3 upgrades a v1/v2 table file)")
             raise ValueError(f"GAAC format version {v} is not supported by the v3 reader (it reads {FORMAT_VERSION}){hint}")
         if d.get("dtype", "bf16") != "bf16":
             raise ValueError(f"GAAC v3 {d.get('dtype')!r} tiles are reserved (docs/FORMAT_V3.md, FP8 tiles) and not implemented yet")

@@ -1,7 +1,7 @@
 """Calibration tables for format v3: the v2 windows carry over unchanged.
 
 A v3 table file has the same tensors as v1/v2 (``base8``, ``base16``: uint8 ``[L, 2, Hkv, D]``) and a
-``gaac`` JSON header with ``format_version: 3`` and a :class:`~gaac_hf.v3.format.GeometryV3`.
+``gaac`` JSON header with ``format_version: 3`` and a :class:`~gaac_hf.format.v3.GeometryV3`.
 v1 and v2 files (groups along channels) are upgraded on load: base8/base16 mean exactly the same in
 v3 (the first exponent of each channel's 8- and 16-window), only the block layout changed. Token-axis
 tables are refused (v3 groups along channels only); so is any other version.
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from .format import FORMAT_VERSION, GeometryV3
+from ..format.v3 import FORMAT_VERSION, GeometryV3
 
 
 @dataclass
