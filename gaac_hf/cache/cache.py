@@ -115,8 +115,10 @@ class GAACCache(Cache):
         - ``resident_bytes``: bytes of the GAAC layers' data (slot rows with their escape-stream
           offsets, escape streams, raw rows, block tables, tails); ``bf16_bytes``: what a BF16 DynamicCache would hold for the same layers
           and tokens; ``ratio`` = bf16/resident, ``savings`` = 1 - resident/bf16.
-        - ``allocated_bytes``: capacity actually reserved (pools and tables grow by doubling, and a
-          prefill leaves headroom for the following decode steps); ``resident_bytes`` excludes it.
+        - ``allocated_bytes``: every byte the GAAC layers' tensors hold, capacity included (pools,
+          tables and tails grow in fixed pages; the bound is in ``docs/CACHE.md`` "Memory").
+        - ``allocated_vs_bf16`` = allocated/bf16 and ``resident_vs_bf16`` = resident/bf16: the
+          fraction of a BF16 cache's bytes that this cache allocates / holds (0.73 = 27% saved).
         - ``stock_layer_bytes``: uncompressed layers kept stock (sliding window etc.).
         - ``mode_shares`` (and ``_k``/``_v``): fraction of encoded groups in 3-bit / 4-bit / raw mode.
         - ``raw_fallback_blocks`` (raw rows held), ``stored_blocks`` (distinct blocks held),
@@ -146,6 +148,7 @@ class GAACCache(Cache):
 
         resident = sum(s["resident"] for _, s in per)
         bf16 = sum(s["bf16"] for _, s in per)
+        allocated = sum(s["allocated"] for _, s in per)
         stock = 0
         for layer in self.layers:
             if not isinstance(layer, GAACLayer):
@@ -157,7 +160,9 @@ class GAACCache(Cache):
             "bf16_bytes": bf16,
             "ratio": bf16 / resident if resident else 0.0,
             "savings": 1 - resident / bf16 if bf16 else 0.0,
-            "allocated_bytes": sum(s["allocated"] for _, s in per),
+            "allocated_bytes": allocated,
+            "allocated_vs_bf16": allocated / bf16 if bf16 else 0.0,
+            "resident_vs_bf16": resident / bf16 if bf16 else 0.0,
             "stock_layer_bytes": stock,
             "mode_shares": shares(modes.sum((0, 1))),
             "mode_shares_k": shares(modes[:, _K].sum(0)),

@@ -14,9 +14,12 @@ from ..kernels.paged import PagedKV
 from .attention import uses_gaac_attention
 from .compat import POSITIVE_CROP_IS_LENGTH
 from .host import _HOST_SLOTS_PER_LAYER, _CountsMemo, _DeferredStore, _DeviceTables, _HostSlab
-from .pool import _BlockPool, _grow, _headroom, _reserve_from, _sync_plan, decode_tables
+from .pool import _BlockPool, _grow, _reserve_from, _round_up, _sync_plan, decode_tables
 
 _K, _V = 0, 1
+
+#: block-table columns added per growth (int32 entries: 4 bytes per row and head per column)
+TABLE_PAGE = 64
 
 
 def _local_heads(table: CalibrationTable, heads: int, layer_idx: int) -> CalibrationTable:
@@ -124,7 +127,10 @@ class GAACLayer(CacheLayerMixin):
                        for kind in (_K, _V)]
         # One column from the start: kernels take the full-capacity table and want max_blocks >= 1.
         self._tables = [torch.zeros(b, h, 1, dtype=torch.int32, device=dev) for _ in (_K, _V)]
-        self.tails = [torch.zeros(b, h, g.block_size, d, dtype=torch.bfloat16, device=dev) for _ in (_K, _V)]
+        # CUDA: the whole T-token tail, which the fused kernel reads; CPU: grown in quarter blocks
+        self._tail_page = g.block_size if cuda else max(g.block_size // 4, 1)
+        cap = g.block_size if cuda else 0
+        self.tails = [torch.zeros(b, h, cap, d, dtype=torch.bfloat16, device=dev) for _ in (_K, _V)]
         self._heads = torch.arange(h, device=dev)
         # sync terms of a deferred store (4 per pool) land here without blocking (see _DeferredStore)
         self._terms_host = self._terms_event = None
@@ -174,6 +180,8 @@ class GAACLayer(CacheLayerMixin):
         t, tl, nb0 = self.geometry.block_size, self.tail_len, self.num_blocks
         if tl + q < t:
             # no block completes (every decode step but one in T): the tail holds all of it
+            self._tail_room(tl + q)
+            tails = self.tails
             tails[_K][:, :, tl : tl + q].copy_(key_states)
             tails[_V][:, :, tl : tl + q].copy_(value_states)
             self.tail_len = tl + q
@@ -196,6 +204,7 @@ class GAACLayer(CacheLayerMixin):
             self._deferred.pending = (self, args)
         else:
             self._store_deferred(*args)
+        self._tail_room(rem, shrink=True)
         for kind in (_K, _V):
             self.tails[kind][:, :, :rem].copy_(seqs[kind][:, :, nfull * t :])
         self.num_blocks += nfull
@@ -221,9 +230,25 @@ class GAACLayer(CacheLayerMixin):
         return not uses_gaac_attention(self._config)
 
     def _ensure_table(self, blocks: int) -> None:
-        # headroom as for the pools (a decode step adds one block per row and head); the kernel's
-        # split grid follows the live block count (paged_kv's active_blocks), not the capacity
-        self._tables = [_grow(tb, blocks, dim=2, slack=_headroom(blocks, 1)) for tb in self._tables]
+        # fixed pages of TABLE_PAGE columns; the kernel's split grid follows the live block count
+        # (paged_kv's active_blocks), not the capacity
+        self._tables = [_grow(tb, blocks, dim=2, page=TABLE_PAGE) for tb in self._tables]
+
+    def _tail_room(self, tokens: int, shrink: bool = False) -> None:
+        """Make the tail buffers hold at least ``tokens`` positions (their first ``tail_len`` kept).
+        CPU tails grow in pages of ``T / 4`` tokens; ``shrink`` (a block just completed, the tail
+        is about to be rewritten) also gives back the pages past ``tokens``. CUDA tails are T tokens
+        from the start and never change."""
+        cap = self.tails[_K].shape[2]
+        if cap == self.geometry.block_size and self.device.type == "cuda":
+            return
+        want = _round_up(tokens, self._tail_page)
+        if want == cap or (want < cap and not shrink):
+            return
+        if want < cap:
+            self.tails = [tl[:, :, :want].clone() for tl in self.tails]  # nothing past `tokens` is kept
+        else:
+            self.tails = [_grow(tl, tokens, dim=2, page=self._tail_page) for tl in self.tails]
 
     def get_seq_length(self) -> int:
         return self.num_blocks * self.geometry.block_size + self.tail_len if self.is_initialized else 0
@@ -309,6 +334,7 @@ class GAACLayer(CacheLayerMixin):
             return
         keep, rem = divmod(new_len, t)
         if rem:
+            self._tail_room(rem)
             b, h = self.tails[_K].shape[:2]
             heads = self._heads.view(1, h).expand(b, h).reshape(-1)
             for kind in (_K, _V):
@@ -376,6 +402,7 @@ class GAACLayer(CacheLayerMixin):
         ``kv_start``: int32 ``[B]`` left-padding offsets of this step, if any.
         """
         self._deferred.flush()
+        self._tail_room(self.geometry.block_size)  # the kernels read T-token tails (always so on CUDA)
         pk, pv = self._pools
         nbt, tlt = self._counts_memo.get(self.tails[_K].shape[0], self.num_blocks, self.tail_len, self.device)
         return PagedKV(
