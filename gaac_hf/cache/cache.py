@@ -25,6 +25,30 @@ def _resolve_table(calibration) -> CalibrationTable:
     return CalibrationTable.load(find_table(calibration))
 
 
+def _config_of(config_or_model):
+    """(config, dtype it says the K/V will be): a transformers config as it is, a model's ``.config``
+    (with the model's own parameter dtype), anything else a TypeError that says what to pass."""
+    from transformers import PretrainedConfig
+
+    if isinstance(config_or_model, PretrainedConfig):
+        return config_or_model, getattr(config_or_model, "dtype", None)
+    inner = getattr(config_or_model, "config", None)
+    if isinstance(inner, PretrainedConfig):  # a model: its config, and the dtype its weights really have
+        return inner, getattr(config_or_model, "dtype", None)
+    raise TypeError(f"GAACCache(config, ...) takes the model's config: pass model.config "
+                    f"(got {type(config_or_model).__name__})")
+
+
+def _check_dtype(dtype) -> None:
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype, dtype)
+    if dtype in (torch.float16, torch.float32, torch.float64):
+        raise ValueError(
+            f"GAACCache stores bfloat16 K/V losslessly, but this model is {dtype}: load it with "
+            "dtype=torch.bfloat16 (or use DynamicCache). If its weights are already bfloat16 (converted with "
+            ".to() after loading), set model.config.dtype = torch.bfloat16 or pass the model itself.")
+
+
 class GAACCache(Cache):
     """Lossless GAAC KV cache for transformers models.
 
@@ -39,7 +63,9 @@ class GAACCache(Cache):
 
     Args:
         config: the model's config (pass ``model.config`` itself: its ``_attn_implementation`` is read
-            live to decide whether update() returns full K/V or a tail carrier).
+            live to decide whether update() returns full K/V or a tail carrier), or the model (its
+            ``.config`` is taken). A float16/float32 dtype in the config (or of the model's weights)
+            is refused here, with the fix.
         calibration: a :class:`~gaac_hf.calibration.CalibrationTable` or a path to one. It must fit
             the model (``table.check_model``), else ValueError.
         block_size: override the table's block size (the windows do not depend on it).
@@ -67,6 +93,8 @@ class GAACCache(Cache):
                  fused: bool | str = True, triton_codec: bool = True) -> None:
         if fused not in (True, False, "auto"):
             raise ValueError(f'fused must be True, False or "auto", got {fused!r}')
+        config, dtype = _config_of(config)
+        _check_dtype(dtype)
         table = _resolve_table(calibration)
         table.check_model(config)
         text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
