@@ -44,3 +44,39 @@ def test_a_float_model_is_refused_when_the_cache_is_built(dtype):
         msg = str(e.value)
         assert str(dtype) in msg and "dtype=torch.bfloat16" in msg and "DynamicCache" in msg
     GAACCache(_config(), calibration=_table())  # a config that says nothing about its dtype is taken
+
+
+def _feed(cache, tokens, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    for layer in cache.layers:
+        kv = [torch.randn(1, 1, tokens, 64, generator=gen).to(torch.bfloat16) for _ in range(2)]
+        layer.append(*kv)
+
+
+def test_a_table_that_does_not_fit_warns_once_with_the_fix():
+    shape = (2, 2, 1, 64)
+    zero = CalibrationTable(torch.zeros(shape, dtype=torch.uint8), torch.zeros(shape, dtype=torch.uint8),
+                            BlockGeometry(16, 64), {"kv_shape": model_kv_shape(_config()), "model_name": "other",
+                                                    "context": 512, "escapes": {"ratio_estimate": 1.4}})
+    cache = GAACCache(_config(), calibration=zero)
+    with pytest.warns(UserWarning) as rec:
+        _feed(cache, 16 * 64)  # 64 blocks per layer and kind: 256 in all
+        _feed(cache, 16 * 64, seed=1)
+    msgs = [str(w.message) for w in rec if "calibration table" in str(w.message)]
+    assert len(msgs) == 1, msgs
+    assert "compress" in msgs[0] and "fell back to raw" in msgs[0] and "gaac-calibrate --model" in msgs[0]
+    assert "calibrated on other at context 512" in msgs[0]
+    st = cache.stats()
+    assert st["raw_fallback_blocks"] > 0.02 * st["encoded_blocks"]
+
+
+def test_a_table_that_fits_is_silent():
+    import warnings
+
+    t = _table()
+    t.meta["escapes"] = {"ratio_estimate": 1.0}  # what windows 120/116 give on random normals, at least
+    cache = GAACCache(_config(), calibration=t)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _feed(cache, 16 * 80)
+    assert cache.stats()["encoded_blocks"] >= 256 and cache.layers[0]._fitness.done

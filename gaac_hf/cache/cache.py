@@ -10,7 +10,7 @@ from ..calibration.shipped import find_table
 from ..calibration.table import CalibrationTable
 from ..format import MODE_3BIT, MODE_4BIT, MODE_RAW
 from .compat import layer_types_and_kwargs
-from .host import _HOST_SLOTS_PER_LAYER, _CountsMemo, _DeferredStore, _DeviceTables, _HostSlab
+from .host import _HOST_SLOTS_PER_LAYER, _CountsMemo, _DeferredStore, _DeviceTables, _FitnessCheck, _HostSlab
 from .layer import _K, _V, GAACLayer
 
 
@@ -107,8 +107,10 @@ class GAACCache(Cache):
         deferred = _DeferredStore()  # shared: a prefill's store waits until the next layer's append
         slab = _HostSlab(_HOST_SLOTS_PER_LAYER * len(types))  # shared: one pinned allocation per cache
         on_device = _DeviceTables()  # shared: the table crosses to the GPU once, not 4 copies per layer
+        fitness = _FitnessCheck(table)  # shared: one warning per cache when the table does not fit
         layers = [
-            GAACLayer(i, table, geometry, text, return_full_kv, fused, triton_codec, memo, deferred, slab, on_device)
+            GAACLayer(i, table, geometry, text, return_full_kv, fused, triton_codec, memo, deferred, slab, on_device,
+                      fitness)
             if lt == "full_attention"
             else DYNAMIC_LAYER_TYPE_MAPPING[lt](**kw)
             for i, (lt, kw) in enumerate(zip(types, kwargs))

@@ -13,7 +13,7 @@ from ..format import BlockGeometry
 from ..kernels.paged import PagedKV
 from .attention import uses_gaac_attention
 from .compat import POSITIVE_CROP_IS_LENGTH
-from .host import _HOST_SLOTS_PER_LAYER, _CountsMemo, _DeferredStore, _DeviceTables, _HostSlab
+from .host import _HOST_SLOTS_PER_LAYER, _CountsMemo, _DeferredStore, _DeviceTables, _FitnessCheck, _HostSlab
 from .pool import _BlockPool, _grow, _reserve_from, _round_up, _sync_plan, decode_tables
 
 _K, _V = 0, 1
@@ -58,8 +58,11 @@ class GAACLayer(CacheLayerMixin):
     def __init__(self, layer_idx: int, table: CalibrationTable, geometry: BlockGeometry, config,
                  return_full_kv: bool | None = None, fused: bool | str = True, triton_codec: bool = True,
                  counts_memo: _CountsMemo | None = None, deferred: _DeferredStore | None = None,
-                 host_slab: _HostSlab | None = None, device_tables: _DeviceTables | None = None) -> None:
+                 host_slab: _HostSlab | None = None, device_tables: _DeviceTables | None = None,
+                 fitness: _FitnessCheck | None = None) -> None:
         super().__init__()
+        self._fitness = fitness if fitness is not None else _FitnessCheck(table)  # see there
+        self._fitness.layers.append(self)
         self._device_tables = device_tables if device_tables is not None else _DeviceTables()  # see there
         self._counts_memo = counts_memo if counts_memo is not None else _CountsMemo()  # see paged_kv()
         self._deferred = deferred if deferred is not None else _DeferredStore()  # see _DeferredStore
@@ -223,6 +226,7 @@ class GAACLayer(CacheLayerMixin):
         b, h = self.tails[_K].shape[:2]
         for kind, (p, e, blk, (ub, new)) in enumerate(zip(self._pools, encs, blocks, res)):
             self._tables[kind][:, :, nb0 : nb0 + nfull] = p.store(e, blk, ub, new).view(b, h, nfull)
+        self._fitness.observe()
 
     def _wants_full_kv(self) -> bool:
         if self._return_full_kv is not None:
