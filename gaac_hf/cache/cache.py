@@ -83,6 +83,8 @@ class GAACCache(Cache):
         triton_codec: on CUDA, encode and decode blocks with the Triton kernels of
             ``gaac_hf.kernels.triton`` (byte- and bit-identical to the reference codec; default). False
             keeps the reference PyTorch codec everywhere.
+        checksums: write a checksum per block at encode time (8 bytes per block, counted in
+            ``allocated_bytes``) that :meth:`verify` compares; structural checks run without them.
 
     Full-attention layers get a :class:`GAACLayer`; sliding-window, chunked, linear and dummy layers
     keep their stock transformers layer (uncompressed).
@@ -90,7 +92,7 @@ class GAACCache(Cache):
 
     def __init__(self, config, calibration=None, *, block_size: int | None = None,
                  return_full_kv: bool | None = None,
-                 fused: bool | str = True, triton_codec: bool = True) -> None:
+                 fused: bool | str = True, triton_codec: bool = True, checksums: bool = False) -> None:
         if fused not in (True, False, "auto"):
             raise ValueError(f'fused must be True, False or "auto", got {fused!r}')
         config, dtype = _config_of(config)
@@ -110,7 +112,7 @@ class GAACCache(Cache):
         fitness = _FitnessCheck(table)  # shared: one warning per cache when the table does not fit
         layers = [
             GAACLayer(i, table, geometry, text, return_full_kv, fused, triton_codec, memo, deferred, slab, on_device,
-                      fitness)
+                      fitness, checksums)
             if lt == "full_attention"
             else DYNAMIC_LAYER_TYPE_MAPPING[lt](**kw)
             for i, (lt, kw) in enumerate(zip(types, kwargs))
@@ -135,6 +137,17 @@ class GAACCache(Cache):
             elif getattr(src, "keys", None) is not None and src.keys.numel():
                 dst.append(src.keys, src.values)
         return new
+
+    def verify(self) -> dict:
+        """Check every stored block: reserved tags and escape-stream lengths / offsets always, the
+        per-block checksums when built with ``checksums=True``. Raises ValueError naming the layer,
+        K or V and the rows; returns the counts checked. Host syncs (call it between steps)."""
+        out = {"slot_rows": 0, "raw_rows": 0}
+        for layer in self.layers:
+            if isinstance(layer, GAACLayer):
+                got = layer.verify()
+                out = {k: out[k] + got[k] for k in ("slot_rows", "raw_rows")} | {"checksums": got["checksums"]}
+        return out
 
     def stats(self, per_layer: bool = False) -> dict:
         """Resident KV bytes against a BF16 cache, compression ratio and mode shares.

@@ -59,7 +59,7 @@ class GAACLayer(CacheLayerMixin):
                  return_full_kv: bool | None = None, fused: bool | str = True, triton_codec: bool = True,
                  counts_memo: _CountsMemo | None = None, deferred: _DeferredStore | None = None,
                  host_slab: _HostSlab | None = None, device_tables: _DeviceTables | None = None,
-                 fitness: _FitnessCheck | None = None) -> None:
+                 fitness: _FitnessCheck | None = None, checksums: bool = False) -> None:
         super().__init__()
         self._fitness = fitness if fitness is not None else _FitnessCheck(table)  # see there
         self._fitness.layers.append(self)
@@ -74,6 +74,7 @@ class GAACLayer(CacheLayerMixin):
         self._return_full_kv = return_full_kv
         self.fused = fused  # allow the Triton decode kernel (CUDA, q_len == 1) in GAAC attention
         self.triton_codec = triton_codec  # Triton encoder/decoder for CUDA pools (same bytes/bits)
+        self.checksums = checksums  # per-block checksums written at encode time (see verify())
         self._awaiting_attention = False
         self._reset_state()
 
@@ -126,7 +127,7 @@ class GAACLayer(CacheLayerMixin):
         table = self._device_tables.get(_local_heads(self._table, h, self.layer_idx), dev)
         cuda = dev.type == "cuda"
         self._pools = [_BlockPool(g, *table.bases(self.layer_idx, kind), dev, self.triton_codec, b * h,
-                                  self._host_slab.take(2) if cuda else None)
+                                  self._host_slab.take(2) if cuda else None, self.checksums)
                        for kind in (_K, _V)]
         # One column from the start: kernels take the full-capacity table and want max_blocks >= 1.
         self._tables = [torch.zeros(b, h, 1, dtype=torch.int32, device=dev) for _ in (_K, _V)]
@@ -415,6 +416,21 @@ class GAACLayer(CacheLayerMixin):
             # tables keep spare capacity (they grow by doubling): size the kernel's splits by the live blocks
             active_blocks=max(self.num_blocks, 1),
         )
+
+    def verify(self) -> dict:
+        """Check every stored block of this layer (structure, and checksums if kept); ValueError if any is
+        corrupt. Host syncs: an explicit check, not part of a decode step."""
+        if not self.is_initialized:
+            return {"slot_rows": 0, "raw_rows": 0, "checksums": self.checksums}
+        self._deferred.flush()
+        out = {}
+        for kind, name in ((_K, "K"), (_V, "V")):
+            try:
+                got = self._pools[kind].verify(self._tables[kind][:, :, : self.num_blocks])
+            except ValueError as e:
+                raise ValueError(f"layer {self.layer_idx} {name}: {e}") from None
+            out = {k: out.get(k, 0) + v for k, v in got.items() if k != "checksums"} | {"checksums": got["checksums"]}
+        return out
 
     # -- statistics -------------------------------------------------------------------------------
     def _stats(self) -> dict:

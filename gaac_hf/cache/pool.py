@@ -12,6 +12,7 @@ from functools import partial
 import torch
 
 from ..codec import append_escapes, decode_blocks, encode_blocks, escape_lengths
+from ..codec.checksum import block_sums, byte_sums, heap_rows, next_starts, raw_sums, structure_problems
 from ..format import BlockGeometry
 from ..kernels.paged import PagedTensor
 from .host import _HostSlab
@@ -115,7 +116,8 @@ class _BlockPool:
     """
 
     def __init__(self, geometry: BlockGeometry, base8: torch.Tensor, base16: torch.Tensor, device,
-                 triton_codec: bool = True, step_blocks: int = 1, snap: torch.Tensor | None = None) -> None:
+                 triton_codec: bool = True, step_blocks: int = 1, snap: torch.Tensor | None = None,
+                 checksums: bool = False) -> None:
         g = self.geometry = geometry
         device = torch.device(device)
         kernels = _triton_codec(geometry, device) if triton_codec else None
@@ -132,6 +134,12 @@ class _BlockPool:
         self.esc_start = torch.zeros(0, dtype=torch.int64, device=device)
         self.heap = torch.zeros(1, dtype=torch.uint8, device=device)
         self.raw = torch.zeros(int(self.headroom), g.block_size, g.head_dim, dtype=torch.bfloat16, device=device)
+        # Optional per-block checksums (gaac_hf.codec.checksum), written at encode time: one int64 per
+        # slot row and per raw row. Structural checks on every CPU decode (free there: the sync costs
+        # nothing); CUDA decoders check nothing (a check would sync): cache.verify() checks it all.
+        self.sums = torch.zeros(0, dtype=torch.int64, device=device) if checksums else None
+        self.raw_sums = torch.zeros(self.raw.shape[0], dtype=torch.int64, device=device) if checksums else None
+        self.check_on_decode = not self.headroom and not self.triton
         self.n_slots = 0
         self.n_raw = 0  # upper bound of raw rows in use (exact on CPU)
         self.n_heap = 0  # upper bound of heap bytes in use (exact on CPU)
@@ -206,6 +214,9 @@ class _BlockPool:
         n, s0 = blocks.shape[0], self.n_slots
         fits = enc.fits
         nfit = ~fits
+        if self.sums is not None:
+            sums, rsums = block_sums(enc.slots, enc.escapes, enc.escape_len), raw_sums(blocks)
+            self.raw_sums = _grow(self.raw_sums, self.raw.shape[0])
         start = self._append_escapes(enc, self.heap, self.counts[5:6])  # int64 [N]; streams of fitting blocks
         raw_pos = self.counts[3] + torch.cumsum(nfit, 0) - 1  # int64 [N], valid where ~fits
         if new is None:
@@ -219,6 +230,10 @@ class _BlockPool:
             slot_pos = torch.arange(s0, s0 + n, device=fits.device)
             sink = torch.full_like(raw_pos, self.raw.shape[0] - 1)
             self.raw.index_copy_(0, torch.where(fits, sink, raw_pos), blocks)
+            if self.sums is not None:
+                self.sums = _grow(self.sums, self.slots.shape[0], page=page)
+                self.sums[s0 : s0 + n] = sums
+                self.raw_sums.index_copy_(0, torch.where(fits, sink, raw_pos), rsums)
             self.counts[4] += nfit.sum()
             self.n_slots = s0 + n
         else:
@@ -232,6 +247,11 @@ class _BlockPool:
             slot_pos = s0 + torch.cumsum(fits, 0) - 1
             if new:
                 self.raw[ub - new : ub] = blocks[nfit]
+            if self.sums is not None:
+                self.sums = _grow(self.sums, self.slots.shape[0], page=page)
+                self.sums[s0 : s0 + n_fit] = sums if new == 0 else sums[fits]
+                if new:
+                    self.raw_sums[ub - new : ub] = rsums[nfit]
             self.n_slots = s0 + n_fit
         entries = torch.where(fits, slot_pos, -raw_pos - 1)
         self.counts[3] += nfit.sum()
@@ -257,6 +277,8 @@ class _BlockPool:
             return self.raw[-e - 1]
         # Raw entries decode a slot row too (discarded below): no data-dependent shapes, no syncs.
         s = e.clamp(min=0)
+        if self.check_on_decode:
+            self._raise_if(self.structure(e[e >= 0]))
         out = self._decode(self.slots[s], (self.heap, self.esc_start[s]), self.base8[heads], self.base16[heads], g)
         if self.n_raw:
             out = torch.where((e < 0)[:, None, None], self.raw[(-e - 1).clamp(min=0)], out)
@@ -285,6 +307,9 @@ class _BlockPool:
         self.heap = heap
         self.esc_start = new_start
         self.slots = self.slots[s_used]
+        if self.sums is not None:
+            self.sums = self.sums[s_used]
+            self.raw_sums = torch.cat([self.raw_sums[r_used], self.raw_sums[-1:]]) if self.headroom else self.raw_sums[r_used]
         # keeps the CUDA sink row last
         self.raw = torch.cat([self.raw[r_used], self.raw[-1:]]) if self.headroom else self.raw[r_used]
         self.n_slots, self.n_raw, self.n_heap = int(s_used.numel()), int(r_used.numel()), total
@@ -306,7 +331,45 @@ class _BlockPool:
         return PagedTensor(slots, self.heap, esc_start, raw, table, tail, self.base8, self.base16)
 
     def allocated_bytes(self) -> int:
-        return self.slots.numel() + self.esc_start.numel() * 8 + self.heap.numel() + self.raw.numel() * 2
+        sums = 0 if self.sums is None else 8 * (self.sums.numel() + self.raw_sums.numel())
+        return self.slots.numel() + self.esc_start.numel() * 8 + self.heap.numel() + self.raw.numel() * 2 + sums
+
+    # -- integrity ----------------------------------------------------------------------------------
+    def structure(self, rows: torch.Tensor) -> list[str]:
+        """Structural problems of slot rows ``rows`` (int64): reserved tags, stream lengths that do not
+        match the offsets (see :func:`gaac_hf.codec.checksum.structure_problems`)."""
+        if rows.numel() == 0:
+            return []
+        ends = next_starts(self.esc_start[: self.n_slots], self.counts[5])
+        return structure_problems(self.slots[rows], self.esc_start[rows], ends[rows], self.geometry)
+
+    @staticmethod
+    def _raise_if(problems: list[str]) -> None:
+        if problems:
+            raise ValueError("corrupt GAAC cache: " + "; ".join(problems))
+
+    def verify(self, entries: torch.Tensor) -> dict:
+        """Check the blocks that table ``entries`` (int, any shape) reference: structure always, the
+        checksums written at encode time when the pool keeps them. Raises ValueError naming what is
+        wrong; returns counts of what was checked."""
+        e = entries.reshape(-1).to(torch.int64)
+        rows, raws = torch.unique(e[e >= 0]), torch.unique(-e[e < 0] - 1)
+        if bool((rows >= self.n_slots).any()) or bool((raws >= self.raw.shape[0]).any()):
+            self._raise_if([f"block-table entries past the pools ({self.n_slots} slot rows, {self.raw.shape[0]} raw rows)"])
+        problems = self.structure(rows)
+        if self.sums is not None and not problems:
+            g = self.geometry
+            lens = escape_lengths(self.slots[rows], g)
+            got = byte_sums(self.slots[rows]) + byte_sums(heap_rows(self.heap, self.esc_start[rows], g.escape_limit),
+                                                           g.slot_bytes, lens)
+            bad = (got != self.sums[rows]).nonzero().flatten()
+            rbad = (raw_sums(self.raw[raws]) != self.raw_sums[raws]).nonzero().flatten()
+            if bad.numel():
+                problems.append(f"checksum mismatch in slot rows {rows[bad][:8].tolist()} (planes, tags or escape stream)")
+            if rbad.numel():
+                problems.append(f"checksum mismatch in raw rows {raws[rbad][:8].tolist()}")
+        self._raise_if(problems)
+        return {"slot_rows": int(rows.numel()), "raw_rows": int(raws.numel()), "checksums": self.sums is not None}
 
 
 def _sync_plan(pools: list, encs: list) -> tuple[list[bool], torch.Tensor | None]:
