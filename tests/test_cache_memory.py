@@ -26,8 +26,8 @@ from conftest import synthetic_cache
 T, H, D, L = 16, 2, 64, 2
 
 
-def _synthetic_cache():
-    return synthetic_cache(L, H, D, T, return_full_kv=True)
+def _synthetic_cache(checksums=False):
+    return synthetic_cache(L, H, D, T, return_full_kv=True, checksums=checksums)
 
 
 def _bound(cache) -> int:
@@ -44,9 +44,10 @@ def _same(a, b):
     return a.shape == b.shape and torch.equal(a.view(torch.int16), b.view(torch.int16))
 
 
-def test_allocation_stays_within_one_page_per_pool_plus_the_tail():
+@pytest.mark.parametrize("checksums", [False, True])
+def test_allocation_stays_within_one_page_per_pool_plus_the_tail(checksums):
     gen = torch.Generator().manual_seed(3)
-    cache = _synthetic_cache()
+    cache = _synthetic_cache(checksums)
     b = 3
     ks, vs = [], []
 
@@ -64,6 +65,8 @@ def test_allocation_stays_within_one_page_per_pool_plus_the_tail():
             for p in layer.pools:  # CPU: slot rows, esc_start and raw rows exactly as many as held
                 assert p.slots.shape[0] == p.esc_start.shape[0] == p.n_slots
                 assert p.raw.shape[0] == p.n_raw
+                if checksums:
+                    assert p.sums.shape[0] == p.n_slots and p.raw_sums.shape[0] == p.n_raw
         assert st["allocated_vs_bf16"] == pytest.approx(st["allocated_bytes"] / st["bf16_bytes"])
         assert st["resident_vs_bf16"] == pytest.approx(st["resident_bytes"] / st["bf16_bytes"])
 
@@ -82,6 +85,7 @@ def test_allocation_stays_within_one_page_per_pool_plus_the_tail():
     for layer in cache.layers:
         got = layer.full_kv()
         assert _same(got[0], want[0]) and _same(got[1], want[1])
+    assert cache.verify()["checksums"] == checksums
 
 
 def test_a_short_prompt_allocates_about_what_it_holds():

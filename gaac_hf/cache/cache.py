@@ -181,9 +181,10 @@ class GAACCache(Cache):
             s["raw_blocks"] = int(raw_rows[j])
             s["blocks"] = s["slot_rows"] - int(orphans[j]) + s["raw_blocks"]
             s["escape_bytes"] = int(heap_bytes[j])
-            # a slot row costs its planes and its 8-byte esc_start; streams at their exact length
-            s["resident"] = (s["fixed"] + s["slot_rows"] * (g.slot_bytes + 8) + s["escape_bytes"]
-                             + s["raw_blocks"] * g.raw_bytes)
+            # a slot row costs its planes and its 8-byte esc_start (+ 8 checksum bytes if kept)
+            cs = 8 * s["checksums"]
+            s["resident"] = (s["fixed"] + s["slot_rows"] * (g.slot_bytes + 8 + cs) + s["escape_bytes"]
+                             + s["raw_blocks"] * (g.raw_bytes + cs))
 
         def shares(c: torch.Tensor) -> dict:
             tot = max(int(c.sum()), 1)

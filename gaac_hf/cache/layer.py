@@ -437,7 +437,7 @@ class GAACLayer(CacheLayerMixin):
         """Host-side byte counts plus the pools' device counters (``counts`` [2, 6], not synced here)."""
         if not self.is_initialized:
             z = torch.zeros(6, dtype=torch.int64)
-            return {"fixed": 0, "slot_rows": 0, "bf16": 0, "allocated": 0, "counts": [z, z], "encoded": 0,
+            return {"fixed": 0, "slot_rows": 0, "bf16": 0, "allocated": 0, "counts": [z, z], "encoded": 0, "checksums": False,
                     "tail_tokens": 0, "tokens": 0}
         self._deferred.flush()
         b, h = self.tails[_K].shape[:2]
@@ -446,6 +446,7 @@ class GAACLayer(CacheLayerMixin):
         tail_bytes = b * h * self.tail_len * g.head_dim * 2
         return {
             "fixed": 2 * (table_bytes + tail_bytes),  # + slot rows and raw rows, counted after the sync
+            "checksums": self.checksums,
             "slot_rows": sum(p.n_slots for p in self._pools),
             "bf16": 2 * b * h * self.get_seq_length() * g.head_dim * 2,
             "allocated": sum(p.allocated_bytes() for p in self._pools)

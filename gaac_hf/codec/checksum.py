@@ -21,8 +21,8 @@ def _weights(n: int, offset: int, device) -> torch.Tensor:
     key = (n, offset, str(device))
     w = _WEIGHTS.get(key)
     if w is None:
-        i = torch.arange(offset, offset + n, dtype=torch.int64)
-        w = _WEIGHTS[key] = (((i * 2654435761 + 12345) % 2147483647) | 1).to(device)
+        i = torch.arange(offset, offset + n, dtype=torch.int64, device=device)  # made there: no copy, no sync
+        w = _WEIGHTS[key] = ((i * 2654435761 + 12345) % 2147483647) | 1
     return w
 
 
