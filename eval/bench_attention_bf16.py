@@ -6,7 +6,8 @@ All four run in the same process on the same K/V (random normal bf16, never zero
 holds the same values in shuffled blocks). Each time is GPU time from CUDA-graph replay: 10 x (L2
 flush with a 256 MB write, call) captured in one graph, minus a graph of the 10 flushes, median of
 15 replays, divided by 10. ``--sweep`` first times launch configurations of the CUDA kernel (warps,
-stages, CTAs per SM) on one case per shape and runs the grid with each shape's best.
+stages, CTAs per SM, loader) on one case per shape; the grid runs the product's default launch
+(``LaunchConfig()``), or each shape's best with ``--use-sweep``.
 """
 from __future__ import annotations
 
@@ -58,10 +59,10 @@ class Case:
         return pack_paged_bf16(self.k, lens, T, shuffle=False), pack_paged_bf16(self.v, lens, T, shuffle=False)
 
     def cuda(self, config=None, pages=None):
-        from gaac_hf.kernels.cuda.attention import bf16_decode_attention_cuda
+        from gaac_hf.kernels.cuda.attention import bf16_decode_attention_tensors
 
         pk, pv = pages or (self.pk, self.pv)
-        return lambda: bf16_decode_attention_cuda(
+        return lambda: bf16_decode_attention_tensors(
             self.q, pk["raw"], pv["raw"], pk["table"], pv["table"], pk["tail"], pv["tail"], pk["num_blocks"],
             pk["tail_len"], config=config, out=self.out)
 
@@ -72,15 +73,8 @@ class Case:
 
         geom = BlockGeometry(block_size=T, head_dim=self.d)
         S = A.default_num_splits(self.B, self.hkv, self.pk["max_blocks"], self.q.device)
-        dev = self.q.device
-
-        def paged(p):  # a BF16-only paged tensor: the slot pool, heap and bases are never read
-            u8 = torch.uint8
-            return PagedTensor(torch.zeros(1, geom.slot_bytes, dtype=u8, device=dev), torch.zeros(1, dtype=u8, device=dev),
-                               torch.zeros(1, dtype=torch.int64, device=dev), p["raw"], p["table"], p["tail"],
-                               torch.zeros(self.hkv, self.d, dtype=u8, device=dev), torch.zeros(self.hkv, self.d, dtype=u8, device=dev))
-
-        kv = PagedKV(paged(self.pk), paged(self.pv), self.pk["num_blocks"], self.pk["tail_len"], geom)
+        pt = [PagedTensor.raw_only(p["raw"], p["table"], p["tail"], geom) for p in (self.pk, self.pv)]
+        kv = PagedKV(*pt, self.pk["num_blocks"], self.pk["tail_len"], geom)
         launch = LaunchConfig(num_splits=S, tile_tokens=64)
         return lambda: A.bf16_decode_attention(self.q, kv, out=self.out, launch=launch)
 
@@ -112,17 +106,18 @@ def _try(name, make, ref=None):
         return None, None
 
 
-SWEEP = [dict(warps=w, stages=s, ctas_per_sm=c, loader=ld) for ld in ("cp.async", "bulk") for w in (4, 8)
+SWEEP = [dict(num_warps=w, num_stages=s, ctas_per_sm=c, loader=ld) for ld in ("cp.async", "bulk") for w in (4, 8)
          for s in (2, 3, 4, 6) for c in (1, 2, 3)]
 
 
 def sweep(shape, B, S, dev):
-    from gaac_hf.kernels.cuda.attention import LaunchConfig, _smem_bytes
+    from gaac_hf.kernels import LaunchConfig
+    from gaac_hf.kernels.cuda.attention import _smem_bytes
 
     case = Case(shape, B, S, dev)
     rows = []
     for kw in SWEEP:
-        if _smem_bytes(case.d, kw["warps"], kw["stages"]) * kw["ctas_per_sm"] > 228 * 1024 - 1024 * kw["ctas_per_sm"]:
+        if _smem_bytes(case.d, kw["num_warps"], kw["num_stages"]) * kw["ctas_per_sm"] > 228 * 1024 - 1024 * kw["ctas_per_sm"]:
             continue
         cfg = LaunchConfig(**kw)
         us, _ = _try(f"cuda {kw}", lambda: case.cuda(cfg))
@@ -134,18 +129,18 @@ def sweep(shape, B, S, dev):
 
 
 SPLIT_SWEEP = {  # (shape, B, S): launch configs x forced split counts (over-decomposition vs one wave)
-    ("qwen3-8b", 1, 65536): ([dict(warps=4, stages=3, ctas_per_sm=1), dict(warps=8, stages=3, ctas_per_sm=1),
-                              dict(warps=4, stages=3, ctas_per_sm=2), dict(warps=4, stages=2, ctas_per_sm=3)],
+    ("qwen3-8b", 1, 65536): ([dict(num_warps=4, num_stages=3, ctas_per_sm=1), dict(num_warps=8, num_stages=3, ctas_per_sm=1),
+                              dict(num_warps=4, num_stages=3, ctas_per_sm=2), dict(num_warps=4, num_stages=2, ctas_per_sm=3)],
                              [16, 24, 32, 48, 64, 96, 128]),
-    ("qwen3-8b", 16, 32768): ([dict(warps=8, stages=3, ctas_per_sm=1), dict(warps=4, stages=3, ctas_per_sm=2)],
+    ("qwen3-8b", 16, 32768): ([dict(num_warps=8, num_stages=3, ctas_per_sm=1), dict(num_warps=4, num_stages=3, ctas_per_sm=2)],
                               [1, 2, 3, 4, 8]),
-    ("gemma3", 1, 65536): ([dict(warps=4, stages=3, ctas_per_sm=1), dict(warps=4, stages=2, ctas_per_sm=1)],
+    ("gemma3", 1, 65536): ([dict(num_warps=4, num_stages=3, ctas_per_sm=1), dict(num_warps=4, num_stages=2, ctas_per_sm=1)],
                            [32, 66, 132, 264, 396]),
 }
 
 
 def split_sweep(dev):
-    from gaac_hf.kernels.cuda.attention import LaunchConfig
+    from gaac_hf.kernels import LaunchConfig
 
     out = []
     for (shape, B, S), (cfgs, splits) in SPLIT_SWEEP.items():
@@ -167,8 +162,9 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="Qwen3 B=1 64K/128K and B=4 64K only")
     ap.add_argument("--budget-s", type=float, default=400)
     ap.add_argument("--split-sweep", action="store_true")
+    ap.add_argument("--use-sweep", action="store_true", help="grid with each shape's best sweep config")
     args = ap.parse_args(argv)
-    from gaac_hf.kernels.cuda.attention import LaunchConfig
+    from gaac_hf.kernels import LaunchConfig
 
     dev = torch.device("cuda")
     t_start = time.time()
@@ -198,7 +194,8 @@ def main(argv=None):
         ref = ref.squeeze(2)
         us = {}
         err = {}
-        cfgs = best.get(shape, {})
+        # the grid runs the product's defaults (what a user gets); --use-sweep runs each shape's best
+        cfgs = best.get(shape, {}) if args.use_sweep else {}
         kw = cfgs.get(B) or cfgs.get(1) or {}
         us["cuda_bf16"], err["cuda_bf16"] = _try("cuda", lambda: case.cuda(LaunchConfig(**kw)), ref)
         if args.quick:

@@ -50,6 +50,17 @@ class PagedTensor:
     base8: torch.Tensor
     base16: torch.Tensor
 
+    @classmethod
+    def raw_only(cls, raw: torch.Tensor, table: torch.Tensor, tail: torch.Tensor, geometry: BlockGeometry) -> "PagedTensor":
+        """An uncompressed paged cache (every table entry < 0): the BF16 baseline's input. The slot
+        pool, heap and bases are one-row placeholders that a kernel never reads."""
+        dev, u8 = raw.device, torch.uint8
+        heads = table.shape[1]
+        return cls(torch.zeros(1, geometry.slot_bytes, dtype=u8, device=dev), torch.zeros(1, dtype=u8, device=dev),
+                   torch.zeros(1, dtype=torch.int64, device=dev), raw, table, tail,
+                   torch.zeros(heads, geometry.head_dim, dtype=u8, device=dev),
+                   torch.zeros(heads, geometry.head_dim, dtype=u8, device=dev))
+
 
 @dataclass(frozen=True)
 class PagedKV:
@@ -71,8 +82,11 @@ class LaunchConfig:
     split sizes change the accumulation order), for the codec kernels the bits never change.
 
     num_splits: context splits per (sequence, kv-head) of a split-K attention kernel.
-    num_warps, num_stages, maxnreg: passed to the compiler.
-    tile_tokens: tokens per sub-tile (rows decoded at once).
+    num_warps, num_stages, maxnreg: passed to the compiler (CUDA kernels: warps per CTA, depth of each
+    warp's copy ring; maxnreg is Triton's).
+    tile_tokens: tokens per sub-tile (rows decoded at once; Triton kernels).
+    ctas_per_sm: CUDA kernels: resident CTAs per SM the grid is sized for (also their register cap).
+    loader: CUDA kernels: "cp.async" (16 B per lane) or "bulk" (the copy engine, a row per lane).
     """
 
     num_splits: int | None = None
@@ -80,6 +94,8 @@ class LaunchConfig:
     num_stages: int | None = None
     tile_tokens: int | None = None
     maxnreg: int | None = None
+    ctas_per_sm: int | None = None
+    loader: str | None = None
 
 
 DEFAULT_LAUNCH = LaunchConfig()

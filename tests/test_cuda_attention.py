@@ -25,7 +25,8 @@ if reason is not None:
     pytest.skip(f"CUDA C++ path unavailable: {reason}", allow_module_level=True)
 
 from gaac_hf.kernels.reference import attention_reference  # noqa: E402
-from gaac_hf.kernels.cuda.attention import LaunchConfig, bf16_decode_attention_cuda, pack_paged_bf16  # noqa: E402
+from gaac_hf.kernels import LaunchConfig, PagedKV, PagedTensor
+from gaac_hf.kernels.cuda.attention import bf16_decode_attention, bf16_decode_attention_tensors, pack_paged_bf16  # noqa: E402
 
 DEV = torch.device("cuda")
 
@@ -36,7 +37,7 @@ def _rel_err(out, ref):
 
 def _run(q, pk, pv, kv_start=None, config=None, active_blocks=None):
     out = torch.full_like(q, float("nan"))  # poison: every element must be written
-    bf16_decode_attention_cuda(q, pk["raw"], pv["raw"], pk["table"], pv["table"], pk["tail"], pv["tail"],
+    bf16_decode_attention_tensors(q, pk["raw"], pv["raw"], pk["table"], pv["table"], pk["tail"], pv["tail"],
                                pk["num_blocks"], pk["tail_len"], kv_start=kv_start, config=config,
                                active_blocks=active_blocks, out=out)
     torch.cuda.synchronize()
@@ -151,7 +152,7 @@ def test_graph_capture_and_no_host_sync():
     out = torch.full_like(q, float("nan"))
 
     def call():
-        bf16_decode_attention_cuda(q, pk["raw"], pv["raw"], pk["table"], pv["table"], pk["tail"], pv["tail"],
+        bf16_decode_attention_tensors(q, pk["raw"], pv["raw"], pk["table"], pv["table"], pk["tail"], pv["tail"],
                                    nb, tl, out=out)
 
     call()  # compile + warm up outside the capture
@@ -185,6 +186,28 @@ def test_graph_capture_and_no_host_sync():
     assert _rel_err(out, attention_reference(q, k, v, lens2)) < 1e-2
 
 
+def test_paged_kv_entry_point_matches_the_tensor_one():
+    """``bf16_decode_attention(q, PagedKV)`` (what the cache hands a kernel) = the tensor entry point."""
+    from gaac_hf.format import BlockGeometry
+
+    g = torch.Generator(device="cpu").manual_seed(5)
+    lens, starts = [3000, 1200], [0, 100]
+    k = torch.randn(2, 8, 3000, 128, generator=g).to(torch.bfloat16).to(DEV)
+    v = torch.randn(2, 8, 3000, 128, generator=g).to(torch.bfloat16).to(DEV)
+    q = torch.randn(2, 32, 128, generator=g).to(torch.bfloat16).to(DEV)
+    pk, pv = pack_paged_bf16(k, lens, 64, generator=g), pack_paged_bf16(v, lens, 64, generator=g)
+    geom = BlockGeometry(block_size=64, head_dim=128)
+    ks = torch.tensor(starts, dtype=torch.int32, device=DEV)
+    kv = PagedKV(PagedTensor.raw_only(pk["raw"], pk["table"], pk["tail"], geom),
+                 PagedTensor.raw_only(pv["raw"], pv["table"], pv["tail"], geom),
+                 pk["num_blocks"], pk["tail_len"], geom, kv_start=ks)
+    out = torch.full_like(q, float("nan"))
+    bf16_decode_attention(q, kv, out=out)
+    ref = _run(q, pk, pv, kv_start=ks)
+    assert torch.equal(out.view(torch.int16), ref.view(torch.int16))
+    assert _rel_err(out, attention_reference(q, k, v, lens, kv_start=starts)) < 1e-2
+
+
 def test_deterministic_bits():
     """Same inputs, same config: the same bits (no atomics, fixed merge order)."""
     g = torch.Generator(device="cpu").manual_seed(11)
@@ -202,7 +225,7 @@ def test_bad_input_is_refused():
     tab = torch.zeros(1, 8, 1, dtype=torch.int32, device=DEV)
     n = torch.zeros(1, dtype=torch.int32, device=DEV)
     with pytest.raises(ValueError, match="multiple of 16"):
-        bf16_decode_attention_cuda(q, t[0], t[0], tab, tab, t, t, n, n)
+        bf16_decode_attention_tensors(q, t[0], t[0], tab, tab, t, t, n, n)
     q, t = torch.zeros(1, 32, 128, device=DEV), torch.zeros(1, 8, 64, 128, dtype=torch.bfloat16, device=DEV)
     with pytest.raises(TypeError, match="bfloat16"):
-        bf16_decode_attention_cuda(q, t[0], t[0], tab, tab, t, t, n, n)
+        bf16_decode_attention_tensors(q, t[0], t[0], tab, tab, t, t, n, n)

@@ -105,7 +105,8 @@ def test_task_data_resolves_from_any_directory(tmp_path, monkeypatch):
 # ---------------------------------------------------------------------------------------------
 def _tiny_args(table: Path, out: Path, tasks: str, **over) -> list[str]:
     args = {"--calibration": str(table), "--tasks": tasks, "--limit": "2", "--max_length": "512",
-            "--prefill_chunk": "64", "--max_gen_toks": "24", "--out": str(out)}
+            "--prefill_chunk": "64", "--max_gen_toks": "24", "--out": str(out),
+            "--threads": "1"}  # one torch thread: ~10x faster on a shared 2-core machine (docs/LM_EVAL.md)
     args.update(over)
     argv = [x for kv in args.items() for x in kv]
     return argv + ["--task-limit", "gaac_wikitext=1"]

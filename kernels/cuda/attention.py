@@ -6,9 +6,10 @@ same contract as the Triton kernels (``gaac_hf.kernels.attention``: per-sequence
 ``num_blocks`` / ``tail_len`` / ``kv_start`` as int32 device tensors, a BF16 tail), so the two
 backends are interchangeable and compared in ``tests/test_cuda_attention.py``.
 
-    out = bf16_decode_attention_cuda(q, k_raw, v_raw, k_table, v_table, k_tail, v_tail,
-                                     num_blocks, tail_len, kv_start=None, scale=None,
-                                     active_blocks=None, config=None, out=None)
+    out = bf16_decode_attention(q, kv, scale=None, launch=None, out=None)      # kv: PagedKV
+    out = bf16_decode_attention_tensors(q, k_raw, v_raw, k_table, v_table, k_tail, v_tail,
+                                        num_blocks, tail_len, kv_start=None, scale=None,
+                                        active_blocks=None, config=None, out=None)
 
     q          bf16  [B, Hq, D]            Hq = G * Hkv; query head h reads kv head h // G
     k_raw/v_raw bf16 [num_raw, T, D]       complete blocks (table entries e < 0 point at raw[~e])
@@ -23,29 +24,17 @@ capacity), so a call can be captured in a CUDA graph.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
+from ..paged import LaunchConfig, PagedKV
 from . import runtime
 
 SOURCE = "decode_attention.cu"
 LOG2E = 1.4426950408889634
+MIN_TOKENS_PER_SPLIT = 256  # a split shorter than this costs more in setup and merge than it gains
 MAX_SMEM = 227 * 1024  # dynamic shared memory one CTA may take on sm_90
-
-
-@dataclass(frozen=True)
-class LaunchConfig:
-    """Launch knobs of the CUDA decode kernel (defaults chosen by measurement, see eval/results)."""
-
-    warps: int | None = None    # warps per CTA, each owning 16 rows of a stage; None: 8 for d <= 64, else 4
-    stages: int | None = None   # ring depth per warp; None: 3 (2 where 3 does not fit)
-    num_splits: int | None = None  # None: one wave of CTAs (SMs x ctas_per_sm)
-    ctas_per_sm: int | None = None  # None: what the shared memory allows (also the register cap)
-    min_tokens_per_split: int = 256
-    l2_prefetch: int = 0        # L2 fetch size hint of the copies: 0, 64, 128 or 256 bytes
-    loader: str = "cp.async"    # "cp.async" (16 B per lane) or "bulk" (the copy engine, a row per lane)
+SM_SMEM = 228 * 1024   # shared memory of one SM (each resident CTA also reserves 1 KB)
 
 
 _LOADERS = {"cp.async": 0, "bulk": 1}
@@ -103,24 +92,20 @@ def _check(q, k_raw, v_raw, k_table, v_table, k_tail, v_tail, num_blocks, tail_l
 def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, max_tokens: int,
          device: torch.device, config: LaunchConfig) -> dict:
     """Compile-time defines, grid and shared memory for one call (host arithmetic only)."""
-    warps = config.warps or _default_warps(head_dim)
-    stages = config.stages or _default_stages(head_dim, warps)
+    warps = config.num_warps or _default_warps(head_dim)
+    stages = config.num_stages or _default_stages(head_dim, warps)
+    loader = config.loader or "cp.async"
+    if loader not in _LOADERS:
+        raise ValueError(f"loader must be one of {sorted(_LOADERS)}, got {loader!r}")
     tile = 16 * warps
-    defines = dict(HEAD_DIM=head_dim, GROUP=group, PAGE=block_size, WARPS=warps, STAGES=stages,
-                   MIN_CTAS_PER_SM=config.ctas_per_sm or 1, L2_PREFETCH=config.l2_prefetch,
-                   LOADER=_LOADERS[config.loader])
     smem = _smem_bytes(head_dim, warps, stages)
     if smem > MAX_SMEM:
         raise ValueError(f"head_dim {head_dim} with {warps} warps x {stages} stages needs {smem} B of shared "
                          f"memory per CTA (at most {MAX_SMEM}): use fewer warps or stages")
     splits = config.num_splits
+    per_sm = config.ctas_per_sm or 1
     if splits is None:
-        # one wave: as many CTAs as fit on the GPU at once and never more (a second, mostly empty
-        # wave costs a whole CTA's time: measured 2x at B=4 before this rule)
-        per_sm = config.ctas_per_sm or 1  # one CTA per SM measured best at B = 1 (sweep)
-        slots = _sm_count(device) * per_sm
-        splits = max(1, slots // (batch * kv_heads))
-        splits = min(splits, max(1, max_tokens // max(config.min_tokens_per_split, tile)))
+        splits, per_sm = _choose_splits(batch * kv_heads, max_tokens, tile, smem, head_dim, device, config)
     tps = math.ceil(math.ceil(max_tokens / splits) / tile) * tile
     splits = max(1, math.ceil(max_tokens / tps))
     # the same dynamic shared memory also holds the warp merge and the split weights of the merge
@@ -128,7 +113,45 @@ def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, 
     smem = max(smem, 4 * (2 * warps * nt8 + warps * nt8 * head_dim), 4 * group * splits)
     if smem > MAX_SMEM:
         raise ValueError(f"{splits} splits x {group} heads do not fit the merge in shared memory")
+    defines = dict(HEAD_DIM=head_dim, GROUP=group, PAGE=block_size, WARPS=warps, STAGES=stages,
+                   MIN_CTAS_PER_SM=per_sm, LOADER=_LOADERS[loader])
     return dict(defines=defines, smem=smem, splits=splits, tokens_per_split=tps, threads=32 * warps)
+
+
+# registers per thread the kernel needs at each head_dim (sm_90a ptxas, tests/test_cuda_build.py):
+# a CTAs-per-SM choice must leave them, or the kernel would spill
+_REGS_NEEDED = {64: 96, 128: 128, 256: 208}
+
+
+def _choose_splits(streams: int, max_tokens: int, tile: int, smem: int, head_dim: int, device,
+                   config: LaunchConfig) -> tuple[int, int]:
+    """(splits, CTAs per SM) filling one wave as fully as possible.
+
+    With ``streams`` = B * Hkv (sequence, kv head) pairs and ``splits`` each, the grid has
+    streams * splits CTAs; one wave holds SMs * per_sm of them. One CTA per SM streams fastest
+    (sweeps in eval/results/attention_bf16_h200.json), but when it leaves SMs idle (48 streams on
+    132 SMs: 2 splits = 96 CTAs) more CTAs per SM fill them: the fullest wave wins, ties (within 5%)
+    go to fewer CTAs per SM. Options are limited by shared memory and by the registers the kernel
+    needs (64K / (threads * per_sm) per thread).
+    """
+    sms = _sm_count(device)
+    cap = max(1, max_tokens // max(MIN_TOKENS_PER_SPLIT, tile))
+    threads = 2 * tile  # 32 * warps
+    need = next((r for d, r in sorted(_REGS_NEEDED.items()) if head_dim <= d), 255)
+    best = None
+    for per_sm in ([config.ctas_per_sm] if config.ctas_per_sm else [1, 2, 3, 4]):
+        if per_sm > 1 and ((smem + 1024) * per_sm > SM_SMEM or 65536 // (threads * per_sm) < need):
+            continue
+        slots = sms * per_sm
+        splits = max(1, min(cap, slots // streams))
+        ctas = streams * splits
+        fill = ctas / (math.ceil(ctas / slots) * slots)  # busy fraction of the waves launched
+        if best is None or fill > best[0] * 1.05:
+            best = (fill, splits, per_sm)
+    if best is None:
+        raise ValueError(f"{config.ctas_per_sm} CTAs per SM do not fit: {smem} B of shared memory each, and the "
+                         f"kernel needs {need} registers per thread")
+    return best[1], best[2]
 
 
 _SM_COUNT: dict = {}
@@ -141,9 +164,19 @@ def _sm_count(device: torch.device) -> int:
     return _SM_COUNT[idx]
 
 
-def bf16_decode_attention_cuda(q, k_raw, v_raw, k_table, v_table, k_tail, v_tail, num_blocks, tail_len,
-                               *, kv_start=None, scale=None, active_blocks=None, config=None, out=None):
-    """Decode attention over the paged BF16 cache with the CUDA C++ kernel (see the module doc)."""
+def bf16_decode_attention(q: torch.Tensor, kv: PagedKV, *, scale: float | None = None,
+                          launch: LaunchConfig | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Decode attention over a paged BF16 cache: ``kv`` as the cache hands it to any kernel
+    (``gaac_hf.kernels.paged``); every table entry must be raw (< 0). q bf16 [B, Hq, D] -> bf16 [B, Hq, D]."""
+    return bf16_decode_attention_tensors(
+        q, kv.k.raw, kv.v.raw, kv.k.table, kv.v.table, kv.k.tail, kv.v.tail, kv.num_blocks, kv.tail_len,
+        kv_start=kv.kv_start, scale=scale, active_blocks=kv.active_blocks, config=launch, out=out)
+
+
+def bf16_decode_attention_tensors(q, k_raw, v_raw, k_table, v_table, k_tail, v_tail, num_blocks, tail_len,
+                                  *, kv_start=None, scale=None, active_blocks=None, config=None, out=None):
+    """The same on the tensors themselves (any head_dim multiple of 16 up to 256; the v2 ``PagedKV``
+    geometry takes 64 / 128 / 256 only). Shapes in the module doc."""
     B, HQ, HKV, T, D = _check(q, k_raw, v_raw, k_table, v_table, k_tail, v_tail, num_blocks, tail_len, kv_start)
     config = config or LaunchConfig()
     max_blocks = k_table.shape[2]

@@ -33,9 +33,6 @@
 #ifndef MIN_CTAS_PER_SM
 #define MIN_CTAS_PER_SM 1
 #endif
-#ifndef L2_PREFETCH
-#define L2_PREFETCH 0
-#endif
 #ifndef LOADER  // 0: cp.async 16 B per lane; 1: the copy engine (cp.async.bulk, one row per lane)
 #define LOADER 0
 #endif
@@ -91,8 +88,8 @@ __device__ __forceinline__ void issue_rows(u16* sk, u16* sv, const PagedRows<T, 
     const u16* ks = src.k + r * D;
     const u16* vs = src.v + r * D;
     // a masked row reads nothing (src-size 0) but still gets a valid address
-    cp_async16<L2_PREFETCH>(sk + r * ROW + col, ok ? ks + col : kp.tail, ok ? 16 : 0);
-    cp_async16<L2_PREFETCH>(sv + r * ROW + col, ok ? vs + col : vp.tail, ok ? 16 : 0);
+    cp_async16(sk + r * ROW + col, ok ? ks + col : kp.tail, ok ? 16 : 0);
+    cp_async16(sv + r * ROW + col, ok ? vs + col : vp.tail, ok ? 16 : 0);
   }
 }
 
@@ -161,19 +158,6 @@ gaac_bf16_decode_split(const u16* __restrict__ q,        // [B, Hkv*G, D]
   PagedRows<T, D> kp{k_raw, k_tail + bh * T * D, k_table + bh * max_blocks, nb};
   PagedRows<T, D> vp{v_raw, v_tail + bh * T * D, v_table + bh * max_blocks, nb};
 
-  // Q^T as B fragments: b0 = Q[head g][16k + 2t4 .. +1], b1 = Q[head g][16k + 8 + 2t4 .. +1].
-  u32 qf[NT][KS][2];
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    const int head = nt * 8 + g;
-    const u32* qrow = reinterpret_cast<const u32*>(q + (static_cast<i64>(b) * hq_total + hq0 + head) * D);
-#pragma unroll
-    for (int k = 0; k < KS; ++k) {
-      qf[nt][k][0] = head < G ? __ldg(qrow + (16 * k + 2 * t4) / 2) : 0u;
-      qf[nt][k][1] = head < G ? __ldg(qrow + (16 * k + 8 + 2 * t4) / 2) : 0u;
-    }
-  }
-
   float o[KS][NT][4];
 #pragma unroll
   for (int m = 0; m < KS; ++m)
@@ -211,6 +195,21 @@ gaac_bf16_decode_split(const u16* __restrict__ q,        // [B, Hkv*G, D]
 #endif
   }
   StageSrc next_src = stage_src(kp, vp, first + (S - 1) * TILE + wrow);  // blocks past the end read no table
+
+  // Q after the first copies are in flight: its load latency overlaps theirs
+  // Q^T as B fragments: b0 = Q[head g][16k + 2t4 .. +1], b1 = Q[head g][16k + 8 + 2t4 .. +1].
+  u32 qf[NT][KS][2];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int head = nt * 8 + g;
+    const u32* qrow = reinterpret_cast<const u32*>(q + (static_cast<i64>(b) * hq_total + hq0 + head) * D);
+#pragma unroll
+    for (int k = 0; k < KS; ++k) {
+      qf[nt][k][0] = head < G ? __ldg(qrow + (16 * k + 2 * t4) / 2) : 0u;
+      qf[nt][k][1] = head < G ? __ldg(qrow + (16 * k + 8 + 2 * t4) / 2) : 0u;
+    }
+  }
+
 
   // ldmatrix lane addressing (see the PTX ISA fragment layouts):
   // K as A (row-major 16x16): rows (lane & 7) + 8 * ((lane >> 3) & 1), cols 8 * (lane >> 4)

@@ -16,22 +16,10 @@ __device__ __forceinline__ u32 smem_addr(const void* p) {
 }
 
 // 16-byte asynchronous global->shared copy; src_bytes = 0 writes 16 zero bytes (masked rows).
-// PF (0, 64, 128 or 256) asks the L2 to fetch that many bytes around each access.
-template <int PF = 0>
+// (An L2::256B prefetch hint was measured and changed nothing: lab/cuda-decode-notebook.md, call 3.)
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
-  if constexpr (PF == 256) {
-    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-                 "r"(src_bytes));
-  } else if constexpr (PF == 128) {
-    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-                 "r"(src_bytes));
-  } else if constexpr (PF == 64) {
-    asm volatile("cp.async.cg.shared.global.L2::64B [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-                 "r"(src_bytes));
-  } else {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-                 "r"(src_bytes));
-  }
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(src_bytes));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>

@@ -1,0 +1,196 @@
+"""GPU launchers of the v3 CUDA kernels (kernels/cuda/gaac_v3/kernels.cu), compiled at run time by NVRTC.
+
+Compiled through ``cuda.core`` (the project's CUDA toolchain; when ``gaac_hf.kernels.cuda.runtime``
+lands on this branch these launchers should move onto its ``load``/``launch``). The kernel source
+includes ``core.cuh`` by a relative path; it is inlined here so NVRTC needs no include path and no
+CUDA toolkit headers. Launches go on PyTorch's current stream, with no host synchronisation.
+
+Shapes: N blocks, T = block_size, D = head_dim. Bases: uint8 ``[D]`` (shared) or ``[N, D]``.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import pathlib
+import re
+import threading
+
+import torch
+
+from .codec import EncodedBlocksV3
+from .format import ALIGN, GeometryV3
+
+SRC_DIR = pathlib.Path(__file__).resolve().parents[2] / "kernels" / "cuda" / "gaac_v3"
+DECODE_THREADS = 256
+
+
+def why_unavailable() -> str | None:
+    try:
+        import cuda.core  # noqa: F401
+    except ImportError as e:
+        return f"cuda.core is not installed: {e}"
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    return None
+
+
+def source_text() -> str:
+    """kernels.cu with core.cuh inlined (the one copy of the bit logic)."""
+    text = (SRC_DIR / "kernels.cu").read_text()
+    core = (SRC_DIR / "core.cuh").read_text()
+    out, n = re.subn(r'#include "core\.cuh"', lambda _: core, text)
+    assert n == 1
+    return out
+
+
+class _TorchStream:
+    __slots__ = ("handle",)
+
+    def __init__(self, handle: int) -> None:
+        self.handle = handle
+
+    def __cuda_stream__(self):
+        return (0, self.handle)
+
+
+_lock = threading.Lock()
+_streams: dict = {}
+_kernels: dict = {}
+
+
+def compile_cubin(block_t: int, head_dim: int, arch: str) -> bytes:
+    """NVRTC cubin of kernels.cu for one geometry and architecture (e.g. ``sm_90a``); needs no GPU.
+    Cached on disk under ``$GAAC_CUDA_CACHE`` (default ``~/.cache/gaac_hf/cuda``) by source hash."""
+    from cuda.core import Program, ProgramOptions
+
+    code = f"#define BLOCK_T {block_t}\n#define HEAD_DIM {head_dim}\n" + source_text()
+    key = hashlib.sha256((arch + code).encode()).hexdigest()[:24]
+    cache = pathlib.Path(os.environ.get("GAAC_CUDA_CACHE", pathlib.Path.home() / ".cache" / "gaac_hf" / "cuda"))
+    path = cache / f"gaac_v3-{arch}-{key}.cubin"
+    if path.exists():
+        return path.read_bytes()
+    cubin = bytes(Program(code, code_type="c++", options=ProgramOptions(arch=arch, std="c++17")).compile("cubin").code)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_bytes(cubin)
+    os.replace(tmp, path)  # atomic: a concurrent process never reads half a file
+    return cubin
+
+
+@functools.lru_cache(maxsize=None)
+def _module(block_t: int, head_dim: int, device_index: int):
+    from cuda.core import Device, ObjectCode
+
+    Device(device_index).set_current()
+    major, minor = torch.cuda.get_device_capability(device_index)
+    arch = f"sm_{major}{minor}a" if major == 9 else f"sm_{major}{minor}"
+    return ObjectCode.from_cubin(compile_cubin(block_t, head_dim, arch))
+
+
+def _launch(g: GeometryV3, device: torch.device, name: str, grid: int, block: int, *args) -> None:
+    import numpy as np
+    from cuda.core import Device, LaunchConfig, launch
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    with _lock:
+        kernel = _kernels.get((g.block_size, g.head_dim, index, name))
+        if kernel is None:
+            kernel = _kernels[(g.block_size, g.head_dim, index, name)] = _module(g.block_size, g.head_dim, index).get_kernel(name)
+        handle = torch.cuda.current_stream(device).cuda_stream
+        stream = _streams.get(handle)
+        if stream is None:
+            stream = _streams[handle] = Device(index).create_stream(_TorchStream(handle))
+    conv = [a.data_ptr() if isinstance(a, torch.Tensor) else (np.int32(a) if isinstance(a, int) else a) for a in args]
+    launch(stream, LaunchConfig(grid=(grid,), block=(block,), shmem_size=0), kernel, *conv)
+
+
+def _rows(base: torch.Tensor, g: GeometryV3) -> tuple[torch.Tensor, int]:
+    if base.dtype != torch.uint8 or base.shape[-1] != g.head_dim or base.dim() not in (1, 2):
+        raise ValueError(f"bases must be uint8 [D] or [N, D], got {base.dtype} {tuple(base.shape)}")
+    b = base.reshape(-1, g.head_dim).contiguous()
+    return b, (g.head_dim if b.shape[0] > 1 else 0)
+
+
+def pair_tables(base8: torch.Tensor, base16: torch.Tensor, g: GeometryV3) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(b8p, dbp) int32 ``[Nb, D/2]``: pre-shifted pair constants of each channel pair (core.cuh
+    ``pair_const``) of base8 and of (base16 - base8) mod 256, and the row stride in words (0 = shared)."""
+    b8, stride = _rows(base8, g)
+    b16, _ = _rows(base16, g)
+    b8i, b16i = b8.to(torch.int64), b16.to(torch.int64)
+    pc = lambda v: ((v[:, 0::2] & 0xFF) << 7) | ((v[:, 1::2] & 0xFF) << 23)  # noqa: E731
+    to32 = lambda v: (v - ((v >> 31) << 32)).to(torch.int32).contiguous()  # noqa: E731
+    return to32(pc(b8i)), to32(pc((b16i - b8i) & 0xFF)), stride // 2
+
+
+def _grid(items: int, device: torch.device) -> int:
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return max(1, min(-(-items // (DECODE_THREADS // 32)), 16 * sms))
+
+
+def encode_blocks_cuda(x: torch.Tensor, base8: torch.Tensor, base16: torch.Tensor, g: GeometryV3,
+                       *, zero_fill: bool = True) -> EncodedBlocksV3:
+    """CUDA twin of :func:`gaac_hf.v3.codec.encode_blocks_v3` (``modes`` is left empty).
+
+    zero_fill: start from zeroed rows, so rows are byte-identical to the reference's in full (the
+    kernel writes a block's bytes only up to nbytes); False skips the memset (a block's bytes are
+    the same either way).
+    """
+    if x.dtype != torch.bfloat16 or x.dim() != 3 or tuple(x.shape[1:]) != (g.block_size, g.head_dim) or not x.is_cuda:
+        raise ValueError(f"x must be CUDA bfloat16 [N, {g.block_size}, {g.head_dim}], got {x.dtype} {tuple(x.shape)}")
+    n = x.shape[0]
+    b8, s8 = _rows(base8.to(x.device), g)
+    b16, _ = _rows(base16.to(x.device), g)
+    alloc = torch.zeros if zero_fill else torch.empty
+    rows = alloc(n, g.raw_bytes, dtype=torch.uint8, device=x.device)
+    nbytes = torch.empty(n, dtype=torch.int32, device=x.device)
+    if n:
+        _launch(g, x.device, "gaac_v3_encode", n, 32 * g.segments, x.contiguous(), b8, b16, s8, rows, nbytes)
+    return EncodedBlocksV3(rows, nbytes, nbytes <= g.raw_bytes, torch.empty(0, dtype=torch.int32, device=x.device))
+
+
+def decode_pool_cuda(pool: torch.Tensor, entries: torch.Tensor, base8: torch.Tensor, base16: torch.Tensor, g: GeometryV3,
+                     *, out: torch.Tensor | None = None, tables=None) -> torch.Tensor:
+    """CUDA twin of :func:`gaac_hf.v3.codec.decode_pool_v3`: BF16 ``[N, T, D]`` (into ``out`` if given).
+    ``tables``: precomputed :func:`pair_tables` (skips their construction per call)."""
+    n = entries.shape[0]
+    if out is None:
+        out = torch.empty(n, g.block_size, g.head_dim, dtype=torch.bfloat16, device=pool.device)
+    b8p, dbp, stride = tables if tables is not None else pair_tables(base8.to(pool.device), base16.to(pool.device), g)
+    if n:
+        items = n * -(-g.segments // 4)
+        _launch(g, pool.device, "gaac_v3_decode", _grid(items, pool.device), DECODE_THREADS, pool, entries.to(torch.int64),
+                b8p, dbp, stride, out, n)
+    return out
+
+
+def decode_blocks_cuda(data: torch.Tensor, base8: torch.Tensor, base16: torch.Tensor, g: GeometryV3, **kw) -> torch.Tensor:
+    """Decode encoder rows uint8 ``[N, W]`` (W a multiple of 16) as compressed blocks."""
+    if data.shape[1] % ALIGN:
+        raise ValueError(f"row width must be a multiple of {ALIGN}")
+    entries = torch.arange(data.shape[0], device=data.device, dtype=torch.int64) * data.shape[1]
+    return decode_pool_cuda(data.reshape(-1), entries, base8, base16, g, **kw)
+
+
+def decode_reduce_cuda(pool: torch.Tensor, entries: torch.Tensor, base8: torch.Tensor, base16: torch.Tensor, g: GeometryV3,
+                       *, tables=None, grid: int | None = None) -> torch.Tensor:
+    """Decode every value and store none: int32 ``[grid]`` XOR folds (one per CTA) of all decoded
+    32-bit BF16 pair words; their XOR equals the XOR of the blocks' words."""
+    n = entries.shape[0]
+    b8p, dbp, stride = tables if tables is not None else pair_tables(base8.to(pool.device), base16.to(pool.device), g)
+    grid = grid or _grid(n * -(-g.segments // 4), pool.device)
+    fold = torch.zeros(grid, dtype=torch.int32, device=pool.device)
+    if n:
+        _launch(g, pool.device, "gaac_v3_decode_reduce", grid, DECODE_THREADS, pool, entries.to(torch.int64), b8p, dbp,
+                stride, fold, n)
+    return fold
+
+
+def xor_fold(x: torch.Tensor) -> int:
+    """XOR of all 32-bit words of a tensor (the reference for :func:`decode_reduce_cuda`)."""
+    w = x.contiguous().view(torch.int32).reshape(-1).to(torch.int64) & 0xFFFFFFFF
+    while w.numel() > 1:
+        if w.numel() % 2:
+            w = torch.cat([w, w.new_zeros(1)])
+        w = w[0::2] ^ w[1::2]
+    return int(w[0]) if w.numel() else 0

@@ -1,0 +1,330 @@
+// GAAC format v3 CUDA kernels: encoder, standalone decoder, decode-and-reduce.
+//
+// All bit logic comes from core.cuh (the same header the g++ tests check against the PyTorch
+// reference); this file only decides which lane does what. Compile-time parameters (-D):
+// BLOCK_T (tokens per block, power of two >= 16), HEAD_DIM (multiple of 16, <= 256).
+//
+// Work split (docs/FORMAT_V3.md): one lane = one chunk (4 rows x 8 channels, 32 values), one warp =
+// one segment (32 chunks). Decoders: every lane runs the same main path (all groups as 3-bit), then
+// the warp walks its segment's entry list, one lane per listed group (raw words located by a ballot
+// and a popcount), so lanes never diverge on data and no decoder runs a prefix sum.
+#include "core.cuh"
+
+#ifndef BLOCK_T
+#error "BLOCK_T must be defined"
+#endif
+#ifndef HEAD_DIM
+#error "HEAD_DIM must be defined"
+#endif
+#ifndef DECODE_THREADS
+#define DECODE_THREADS 256
+#endif
+#ifndef DECODE_MIN_CTAS  // 4 x 256 threads per SM: caps the decoder at 64 registers (50% occupancy)
+#define DECODE_MIN_CTAS 4
+#endif
+#ifndef REDUCE_MIN_CTAS  // decode-and-reduce keeps a row's wrong and right words too: 3 CTAs, <= 80 registers
+#define REDUCE_MIN_CTAS 3
+#endif
+
+namespace {
+using namespace gaac_v3;
+
+constexpr int T = BLOCK_T;
+constexpr int D = HEAD_DIM;
+// the block geometry as a constant expression (a namespace-scope constexpr object could not be read in device code)
+#define GEO (make_geom(T, D))
+constexpr int NUMEL = T * D;
+constexpr int CAP = 2 * NUMEL;  // encoder row capacity = raw BF16 size
+static_assert(D % 16 == 0 && D <= 256, "HEAD_DIM must be a multiple of 16 up to 256");
+static_assert(GEO.segs <= 32, "the encoder runs one warp per segment in one CTA");
+
+// segments per warp work item (the fix-up walks their entry lists as one list): a block is cut into
+// ceil(segs / 8) windows of equal size (the whole block up to 8 segments), so no window is much
+// shorter than the others (a short window pays the fixed cost of an item for few values)
+#ifndef WINDOW_SEGS
+#define WINDOW_SEGS ((make_geom(T, D).segs + (make_geom(T, D).segs + 7) / 8 - 1) / ((make_geom(T, D).segs + 7) / 8))
+#endif
+constexpr int WIN = WINDOW_SEGS;
+constexpr int NWIN = (make_geom(T, D).segs + WIN - 1) / WIN;
+constexpr bool FULL = make_geom(T, D).chunks % SEG_CHUNKS == 0;  // every segment has 32 chunks
+constexpr bool COL_FIXED = SEG_CHUNKS % (D / GROUP) == 0;      // a lane's column is the same in every segment
+
+__device__ __forceinline__ uint32_t ld32(const uint8_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
+__device__ __forceinline__ uint4 ld128(const void* p) { return *reinterpret_cast<const uint4*>(p); }
+__device__ __forceinline__ void st128(void* p, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  *reinterpret_cast<uint4*>(p) = make_uint4(a, b, c, d);
+}
+__device__ __forceinline__ const uint8_t* block_ptr(const uint8_t* pool, long long entry) {
+  return pool + (entry & ~(long long)(ALIGN - 1));
+}
+__device__ __forceinline__ int lane_col(int s, int lane) {
+  if constexpr (COL_FIXED) return lane % GEO.cols;
+  return chunk_col(GEO, SEG_CHUNKS * s + lane);
+}
+
+// Where results go: MODE_STORE writes BF16 to out (block i's first value); MODE_FOLD XORs every
+// decoded pair word into acc and stores nothing.
+enum { MODE_STORE = 0, MODE_FOLD = 1 };
+
+// The main path of the window's chunks (lane = chunk 32s + lane of each segment s of the window).
+template <int MODE>
+__device__ __forceinline__ void window_main(const uint8_t* blk, int s_lo, int lane, const uint32_t* b8row, uint16_t* o,
+                                            uint32_t& acc) {
+  uint4 bp = ld128(b8row + 4 * lane_col(s_lo, lane));
+  // one base pointer per plane: inside the window every address is base + a constant (FULL) or
+  // computed per segment (the last, short segment of an odd geometry)
+  const uint8_t* smp = blk + 32 * (SEG_CHUNKS * s_lo + lane);
+  const uint8_t* cwp = blk + GEO.code_off + 4 * (CODE_WORDS * SEG_CHUNKS * s_lo + lane);
+  GAAC_UNROLL
+  for (int k = 0; k < WIN; ++k) {
+    const int s = s_lo + k;
+    if (NWIN * WIN != GEO.segs && s >= GEO.segs) break;
+    if (!FULL && lane >= seg_chunks(GEO, s)) continue;
+    const int c = SEG_CHUNKS * s + lane;
+    if constexpr (!COL_FIXED) bp = ld128(b8row + 4 * chunk_col(GEO, c));
+    const uint4 a = ld128(smp + 1024 * k), b = ld128(smp + 1024 * k + 16);
+    const uint32_t sm[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    uint32_t w[3];
+    if constexpr (FULL) {
+      GAAC_UNROLL
+      for (int j = 0; j < 3; ++j) w[j] = ld32(cwp + 4 * CODE_WORDS * SEG_CHUNKS * k + 4 * SEG_CHUNKS * j);
+    } else {
+      GAAC_UNROLL
+      for (int j = 0; j < 3; ++j) w[j] = ld32(blk + code_word_off(GEO, s, lane, j));
+    }
+    const uint32_t b8p[4] = {bp.x, bp.y, bp.z, bp.w};
+    uint32_t v[16];
+    decode_chunk(sm, w, b8p, v);
+    if constexpr (MODE == MODE_STORE) {
+      uint16_t* dst;
+      if constexpr (COL_FIXED)  // 32 chunks of a segment = 32 / cols bands of 4 rows
+        dst = o + CHUNK_ROWS * ((SEG_CHUNKS * s_lo + lane) / GEO.cols) * D + GROUP * (lane % GEO.cols) +
+              k * (CHUNK_ROWS * SEG_CHUNKS / GEO.cols) * D;
+      else
+        dst = o + chunk_row0(GEO, c) * D + GROUP * chunk_col(GEO, c);
+      GAAC_UNROLL
+      for (int r = 0; r < 4; ++r) st128(dst + r * D, v[4 * r], v[4 * r + 1], v[4 * r + 2], v[4 * r + 3]);
+    } else {
+      GAAC_UNROLL
+      for (int q = 0; q < 16; q += 2) acc ^= v[q] ^ v[q + 1];
+    }
+  }
+}
+
+// The fix-up of the window: its segments' entry lists are contiguous (and so are their raw words),
+// so the warp walks them as one list, 32 entries per step; an entry's segment is found by comparing
+// its index with the window's (at most 3) inner segment boundaries.
+template <int MODE>
+__device__ __forceinline__ void window_fix(const uint8_t* blk, int s_lo, int lane, const uint32_t* b8row,
+                                           const uint32_t* dbrow, uint16_t* o, uint32_t& acc) {
+  const int s_hi = s_lo + WIN < GEO.segs ? s_lo + WIN : GEO.segs;
+  const uint8_t* segtab = blk + GEO.segtab_off;
+  const uint32_t s0 = ld32(segtab + 4 * s_lo), tot = ld32(segtab + 4 * GEO.segs);
+  int bnd[WIN > 1 ? WIN - 1 : 1];
+  GAAC_UNROLL
+  for (int k = 1; k < WIN; ++k) bnd[k - 1] = (s_lo + k < s_hi) ? (int)(ld32(segtab + 4 * (s_lo + k)) & 0xFFFF) : 0x10000;
+  const int e0 = s0 & 0xFFFF, n = (int)(ld32(segtab + 4 * s_hi) & 0xFFFF) - e0;
+  const uint8_t* raws = blk + raw_off(GEO, tot & 0xFFFF);
+  int rbase = s0 >> 16;
+  if constexpr (MODE == MODE_STORE) __syncwarp();  // fix-up lanes read what other lanes of this warp stored
+#ifdef GAAC_V3_COUNT_STEPS
+  GAAC_UNROLL
+  for (int j = 0; j < 32 * GAAC_V3_COUNT_STEPS; j += 32) {
+#else
+  for (int j = 0; j < n; j += 32) {  // warp-uniform trip count
+#endif
+    const int idx = e0 + j + lane;
+    const bool act = j + lane < n;
+    const uint32_t entry = act ? *reinterpret_cast<const uint16_t*>(blk + GEO.entry_off + 2 * idx) : 0u;
+    const bool raw = act && entry_raw(entry);
+    const unsigned bal = __ballot_sync(0xFFFFFFFFu, raw);
+    if (act) {
+      const uint32_t rw = raw ? ld32(raws + 4 * (rbase + __popc(bal & ((1u << lane) - 1u)))) : 0u;
+      int s = s_lo;
+      GAAC_UNROLL
+      for (int k = 0; k < WIN - 1; ++k) s += idx >= bnd[k];
+      const int pos = entry_pos(entry), r = pos % CHUNK_ROWS, c = SEG_CHUNKS * s + pos / CHUNK_ROWS;
+      const int col = chunk_col(GEO, c);
+      const uint4 db = ld128(dbrow + 4 * col);
+      const uint32_t d4[4] = {db.x, db.y, db.z, db.w};
+      if constexpr (MODE == MODE_STORE) {
+        uint16_t* dst = o + (chunk_row0(GEO, c) + r) * D + GROUP * col;
+        const uint4 v = ld128(dst);
+        uint32_t ow[4] = {v.x, v.y, v.z, v.w};
+        fix_group(ow, d4, entry, rw);
+        st128(dst, ow[0], ow[1], ow[2], ow[3]);
+      } else {  // rebuild the main path's words of this row, fold (wrong ^ right)
+        const int lane_c = c - SEG_CHUNKS * s;
+        const uint32_t sm2[2] = {ld32(blk + 32 * c + 8 * r), ld32(blk + 32 * c + 8 * r + 4)};
+        const uint32_t w[3] = {ld32(blk + code_word_off(GEO, s, lane_c, 0)), ld32(blk + code_word_off(GEO, s, lane_c, 1)),
+                               ld32(blk + code_word_off(GEO, s, lane_c, 2))};
+        const uint4 bp = ld128(b8row + 4 * col);
+        const uint32_t b4[4] = {bp.x, bp.y, bp.z, bp.w};
+        uint32_t wrong[4], right[4];
+        decode_row(sm2, w, b4, r, wrong);
+        GAAC_UNROLL
+        for (int p = 0; p < 4; ++p) right[p] = wrong[p];
+        fix_group(right, d4, entry, rw);
+        GAAC_UNROLL
+        for (int p = 0; p < 4; ++p) acc ^= wrong[p] ^ right[p];
+      }
+    }
+    rbase += __popc(bal);
+  }
+}
+
+// One work item: window wdx of block i (compressed), or its share of a BF16 block.
+template <int MODE, bool RAW_PATH = true>
+__device__ __forceinline__ void decode_item(const uint8_t* __restrict__ pool, long long ent, int i, int wdx, int lane,
+                                            const uint32_t* b8p, const uint32_t* dbp, int base_stride, uint16_t* out,
+                                            uint32_t& acc) {
+  const uint8_t* blk = block_ptr(pool, ent);
+  uint16_t* o = out + (size_t)i * NUMEL;
+  const int s_lo = WIN * wdx;
+  if (RAW_PATH && (ent & ENTRY_RAW_BIT)) {  // BF16 block: this window's values (1,024 per segment)
+    const int v_hi = (s_lo + WIN) * 1024 < NUMEL ? (s_lo + WIN) * 1024 : NUMEL;
+    for (int v = s_lo * 1024 + 8 * lane; v < v_hi; v += 256) {
+      const uint4 x = ld128(blk + 2 * v);
+      if constexpr (MODE == MODE_STORE) *reinterpret_cast<uint4*>(o + v) = x;
+      else acc ^= x.x ^ x.y ^ x.z ^ x.w;
+    }
+    return;
+  }
+  const uint32_t* b8row = b8p + (size_t)i * base_stride;
+  window_main<MODE>(blk, s_lo, lane, b8row, o, acc);
+  window_fix<MODE>(blk, s_lo, lane, b8row, dbp + (size_t)i * base_stride, o, acc);
+}
+
+// Grid-stride loop over (block, window) items, one warp per item; returns this lane's XOR fold.
+template <int MODE>
+__device__ __forceinline__ uint32_t run_items(const uint8_t* __restrict__ pool, const long long* __restrict__ entries,
+                                              const uint32_t* b8p, const uint32_t* dbp, int base_stride, uint16_t* out,
+                                              int n_blocks) {
+  const int lane = threadIdx.x & 31;
+  const unsigned warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, nwarps = (gridDim.x * blockDim.x) >> 5;
+  uint32_t acc = 0;
+  for (unsigned item = warp; item < (unsigned)n_blocks * NWIN; item += nwarps) {  // n_blocks * NWIN < 2^32
+    const int i = (int)(item / NWIN), wdx = (int)(item % NWIN);
+    decode_item<MODE>(pool, entries[i], i, wdx, lane, b8p, dbp, base_stride, out, acc);
+  }
+  return acc;
+}
+
+}  // namespace
+
+// Standalone decoder: pool + block-table entries -> BF16 [N, T, D]; grid-stride over (block, window).
+// b8p / dbp: uint32 pair tables [Nb, D/2] (pair_const of base8, and of (base16 - base8) mod 256);
+// base_stride = D/2 when every block has its own row, 0 when all share row 0.
+extern "C" __global__ void __launch_bounds__(DECODE_THREADS, DECODE_MIN_CTAS)
+gaac_v3_decode(const uint8_t* __restrict__ pool, const long long* __restrict__ entries, const uint32_t* __restrict__ b8p,
+               const uint32_t* __restrict__ dbp, int base_stride, uint16_t* __restrict__ out, int n_blocks) {
+  run_items<MODE_STORE>(pool, entries, b8p, dbp, base_stride, out, n_blocks);
+}
+
+// Decode-and-reduce: decodes every value like gaac_v3_decode and stores none: every decoded 32-bit
+// pair word is XOR-folded into one word per CTA (fold[blockIdx.x]); listed groups fold (wrong ^ right).
+extern "C" __global__ void __launch_bounds__(DECODE_THREADS, REDUCE_MIN_CTAS)
+gaac_v3_decode_reduce(const uint8_t* __restrict__ pool, const long long* __restrict__ entries, const uint32_t* __restrict__ b8p,
+                      const uint32_t* __restrict__ dbp, int base_stride, uint32_t* __restrict__ fold, int n_blocks) {
+  __shared__ uint32_t warp_fold[DECODE_THREADS / 32];
+  const int lane = threadIdx.x & 31;
+  uint32_t acc = run_items<MODE_FOLD>(pool, entries, b8p, dbp, base_stride, nullptr, n_blocks);
+  GAAC_UNROLL
+  for (int k = 16; k; k >>= 1) acc ^= __shfl_xor_sync(0xFFFFFFFFu, acc, k);
+  if (lane == 0) warp_fold[threadIdx.x >> 5] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    uint32_t a = 0;
+    for (int k = 0; k < (int)(blockDim.x >> 5); ++k) a ^= warp_fold[k];
+    fold[blockIdx.x] = a;
+  }
+}
+
+#ifdef GAAC_V3_COUNT
+// Loop-free twin of one gaac_v3_decode item (the same decode_item), for eval/sass_decoder.py: built
+// with -DGAAC_V3_COUNT_STEPS=k its fix-up runs exactly k unrolled 32-entry steps, so the static SASS
+// count is what one warp issues for one window of WIN segments of a compressed block (the BF16-block
+// branch, never taken for those, is left out).
+extern "C" __global__ void gaac_v3_count_item(const uint8_t* __restrict__ pool, const long long* __restrict__ entries,
+                                              const uint32_t* __restrict__ b8p, const uint32_t* __restrict__ dbp,
+                                              int base_stride, uint16_t* __restrict__ out) {
+  const unsigned item = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const int i = (int)(item / NWIN), wdx = (int)(item % NWIN);
+  uint32_t acc = 0;
+  decode_item<MODE_STORE, false>(pool, entries[i], i, wdx, threadIdx.x & 31, b8p, dbp, base_stride, out, acc);
+}
+#endif
+
+// Encoder: BF16 [N, T, D] -> rows uint8 [N, CAP] (block i's bytes at the start of row i; bytes past
+// nbytes[i] are not written), nbytes int32 [N]. One CTA per block, one warp per segment (blockDim =
+// 32 * segs). b8 / b16: uint8 [Nb, D] with base_stride D (own row per block) or 0 (shared).
+extern "C" __global__ void __launch_bounds__(32 * make_geom(T, D).segs)
+gaac_v3_encode(const uint16_t* __restrict__ x, const uint8_t* __restrict__ b8, const uint8_t* __restrict__ b16, int base_stride,
+               uint8_t* __restrict__ rows, int* __restrict__ nbytes) {
+  __shared__ int seg_ent[32], seg_raw[32];
+  const int i = blockIdx.x, lane = threadIdx.x & 31, s = threadIdx.x >> 5;
+  const int m = seg_chunks(GEO, s), c = SEG_CHUNKS * s + lane;
+  const bool live = lane < m;
+  uint8_t* row = rows + (size_t)i * CAP;
+  ChunkCode cc;
+  cc.wide = cc.raw = 0;
+  if (live) {
+    const int col = chunk_col(GEO, c);
+    const uint16_t* src = x + (size_t)i * NUMEL + chunk_row0(GEO, c) * D + GROUP * col;
+    uint32_t xv[16];
+    GAAC_UNROLL
+    for (int r = 0; r < 4; ++r) {
+      const uint4 v = ld128(src + r * D);
+      xv[4 * r] = v.x, xv[4 * r + 1] = v.y, xv[4 * r + 2] = v.z, xv[4 * r + 3] = v.w;
+    }
+    const uint2 p8 = *reinterpret_cast<const uint2*>(b8 + (size_t)i * base_stride + GROUP * col);
+    const uint2 p16 = *reinterpret_cast<const uint2*>(b16 + (size_t)i * base_stride + GROUP * col);
+    const uint32_t b8w[2] = {p8.x, p8.y}, b16w[2] = {p16.x, p16.y};
+    encode_chunk(xv, b8w, b16w, cc);
+    st128(row + 32 * c, cc.sm[0], cc.sm[1], cc.sm[2], cc.sm[3]);
+    st128(row + 32 * c + 16, cc.sm[4], cc.sm[5], cc.sm[6], cc.sm[7]);
+    GAAC_UNROLL
+    for (int k = 0; k < 3; ++k) *reinterpret_cast<uint32_t*>(row + code_word_off(GEO, s, lane, k)) = cc.w[k];
+  }
+  // ranks inside the segment (the encoder may scan; decoders never do)
+  const int nw = __popc(cc.wide), nr = __popc(cc.raw);
+  int iw = nw, ir = nr;
+  GAAC_UNROLL
+  for (int k = 1; k < 32; k <<= 1) {
+    const int a = __shfl_up_sync(0xFFFFFFFFu, iw, k), b = __shfl_up_sync(0xFFFFFFFFu, ir, k);
+    if (lane >= k) iw += a, ir += b;
+  }
+  if (lane == 31) seg_ent[s] = iw, seg_raw[s] = ir;
+  __syncthreads();
+  // segment starts and block totals: lane k holds segment k's counts, one more warp scan
+  const int ke = lane < GEO.segs ? seg_ent[lane] : 0, kr = lane < GEO.segs ? seg_raw[lane] : 0;
+  int se = ke, sr = kr;
+  GAAC_UNROLL
+  for (int k = 1; k < 32; k <<= 1) {
+    const int a = __shfl_up_sync(0xFFFFFFFFu, se, k), b = __shfl_up_sync(0xFFFFFFFFu, sr, k);
+    if (lane >= k) se += a, sr += b;
+  }
+  const int e_start = __shfl_sync(0xFFFFFFFFu, se - ke, s), r_start = __shfl_sync(0xFFFFFFFFu, sr - kr, s);
+  const int e_tot = __shfl_sync(0xFFFFFFFFu, se, GEO.segs - 1), r_tot = __shfl_sync(0xFFFFFFFFu, sr, GEO.segs - 1);
+  const int ro = raw_off(GEO, e_tot), nb = block_bytes(GEO, e_tot, r_tot);
+  int e = e_start + iw - nw, q = r_start + ir - nr;
+  GAAC_UNROLL
+  for (int r = 0; r < 4; ++r) {
+    if ((cc.wide >> r) & 1) {
+      const int off = GEO.entry_off + 2 * e++;
+      if (off + 2 <= CAP) *reinterpret_cast<uint16_t*>(row + off) = (uint16_t)(cc.entry[r] | (uint32_t)(4 * lane + r));
+    }
+    if ((cc.raw >> r) & 1) {
+      const int off = ro + 4 * q++;
+      if (off + 4 <= CAP) *reinterpret_cast<uint32_t*>(row + off) = cc.rword[r];
+    }
+  }
+  if (lane == 0) *reinterpret_cast<uint32_t*>(row + GEO.segtab_off + 4 * s) = (uint32_t)e_start | ((uint32_t)r_start << 16);
+  if (threadIdx.x == 0) {
+    *reinterpret_cast<uint32_t*>(row + GEO.segtab_off + 4 * GEO.segs) = (uint32_t)e_tot | ((uint32_t)r_tot << 16);
+    // padding bytes are zero: 0 or 2 between the entries and the raw words, 0..12 (whole words) at the end
+    if (GEO.entry_off + 2 * e_tot < ro && ro <= CAP) *reinterpret_cast<uint16_t*>(row + ro - 2) = 0;
+    for (int k = ro + 4 * r_tot; k < nb && k + 4 <= CAP; k += 4) *reinterpret_cast<uint32_t*>(row + k) = 0;
+    nbytes[i] = nb;
+  }
+}
