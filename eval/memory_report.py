@@ -128,6 +128,8 @@ def gpu_report(args) -> None:
     dev = torch.device("cuda")
     cfg = bench_e2e.qwen3_8b_config()
     cfg.num_hidden_layers = args.gpu_layers
+    if getattr(cfg, "layer_types", None):
+        cfg.layer_types = cfg.layer_types[: args.gpu_layers]
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
