@@ -43,3 +43,19 @@ def wikitext_test() -> str:
 def wikitext_valid() -> str:
     """WikiText-2 validation text (what the shipped table was calibrated on)."""
     return real_text("validation", raw=False)
+
+
+def synthetic_cache(layers: int, heads: int, head_dim: int, block_size: int, **kwargs):
+    """A GAACCache for a tiny Llama config and a table whose windows fit random normals (no weights)."""
+    from transformers import LlamaConfig
+
+    from gaac_hf import GAACCache
+    from gaac_hf.calibration import CalibrationTable
+    from gaac_hf.format import BlockGeometry
+
+    cfg = LlamaConfig(num_hidden_layers=layers, num_attention_heads=2 * heads, num_key_value_heads=heads,
+                      head_dim=head_dim, hidden_size=2 * heads * head_dim, vocab_size=32)
+    shape = (layers, 2, heads, head_dim)
+    table = CalibrationTable(torch.full(shape, 123, dtype=torch.uint8), torch.full(shape, 119, dtype=torch.uint8),
+                             BlockGeometry(block_size=block_size, head_dim=head_dim))
+    return GAACCache(cfg, calibration=table, **kwargs)

@@ -148,14 +148,18 @@ def test_fused_decode_is_used_and_close_to_sdpa(model_table, monkeypatch):
     assert len(calls) == 2 * 30 and all(calls)
 
 
-def test_decode_finalize_without_host_sync(model_table):
+@pytest.mark.parametrize("checksums", [False, True])
+def test_decode_finalize_without_host_sync(model_table, checksums):
     """After a prefill, single-token appends that complete blocks (some of them raw fallbacks) never
-    wait for the GPU, and everything stored reads back to the exact input bits."""
+    wait for the GPU (checksums included), everything stored reads back to the exact input bits and
+    verifies, and the allocation stays within the CUDA bound of docs/CACHE.md "Memory"."""
     from test_cache import _windowed
+
+    from gaac_hf.cache.layer import TABLE_PAGE
 
     model, table = model_table
     g = torch.Generator().manual_seed(3)
-    cache = GAACCache(model.config, calibration=table)
+    cache = GAACCache(model.config, calibration=table, checksums=checksums)
     layer = cache.layers[0]
     ks, vs = [], []
 
@@ -182,6 +186,12 @@ def test_decode_finalize_without_host_sync(model_table):
     assert same_bits(k, torch.cat(ks, 2)) and same_bits(v, torch.cat(vs, 2))
     st = cache.stats()
     assert st["raw_fallback_blocks"] > 0 and st["stored_blocks"] == 2 * 2 * 3 * 6
+    assert cache.verify()["checksums"] == checksums
+    geo, (b, h) = cache.geometry, layer.tails[0].shape[:2]
+    cs = 8 * checksums
+    bound = sum(p.slot_page() * (geo.slot_bytes + 8 + cs) + p.heap_spare() + 1 + p.raw_spare() * (geo.raw_bytes + cs)
+                + TABLE_PAGE * b * h * 4 + b * h * geo.block_size * geo.head_dim * 2 for p in layer.pools)
+    assert st["resident_bytes"] <= st["allocated_bytes"] <= st["resident_bytes"] + bound
 
 
 def test_auto_takes_decode_then_sdpa_past_the_threshold(model_table, monkeypatch):

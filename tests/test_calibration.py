@@ -179,7 +179,7 @@ def test_not_a_table(tmp_path):
     [
         (dict(num_hidden_layers=3), "layers"),
         (dict(head_dim=128, hidden_size=256), "head_dim"),
-        (dict(num_key_value_heads=2), "kv heads"),
+        (dict(num_key_value_heads=2), "num_kv_heads"),
         (dict(rope_theta=1234.0), "fingerprint"),
     ],
 )
@@ -258,7 +258,7 @@ def test_non_bf16_model_is_an_error(tiny_model_dir):
         calibrate(model, tok, "the river ran", context=64, progress=False)
 
 
-@pytest.mark.parametrize("text, match", [("", "empty"), ("   \n ", "empty"), ("the river ran past the mill", "fewer than one context")])
+@pytest.mark.parametrize("text, match", [("", "empty"), ("   \n ", "empty"), ("the river ran past the mill", "one context needs 128")])
 def test_empty_or_short_text_is_an_error(tiny, text, match):
     from gaac_hf.calibration import calibrate
 
@@ -381,3 +381,74 @@ def test_real_text_lookup_order(tmp_path, monkeypatch):
     monkeypatch.setattr(data, "CHECKOUT", tmp_path / "nowhere" / "repo")
     with pytest.raises(data.DataNotFound, match="looked in .*nowhere"):
         data.data_file("piqa/valid.jsonl")
+
+
+def test_cli_too_little_text_is_one_line_with_the_tokens_needed(tiny_model_dir, tmp_path, capsys):
+    from gaac_hf.calibration.cli import main
+
+    short = tmp_path / "short.txt"
+    short.write_text("the river ran past the mill " * 4)
+    with pytest.raises(SystemExit) as e:
+        main(["--model", str(tiny_model_dir), "--text", str(short), "--context", "128", "--quiet",
+              "--out", str(tmp_path / "t.safetensors")])
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("gaac-calibrate: ")
+    assert "has 24 tokens" in msg and "one context needs 128" in msg and "at least 128 tokens" in msg
+    assert not (tmp_path / "t.safetensors").exists()
+
+
+def test_cli_refuses_a_degenerate_table(tiny_model_dir, tmp_path, monkeypatch):
+    import gaac_hf.calibration.fit as fit
+    from gaac_hf.calibration.cli import degenerate, main
+
+    b8 = torch.full((2, 2, 1, 64), 120, dtype=torch.uint8)
+    b8[0, 0, 0, 0] = 119  # windows that differ somewhere
+    good = CalibrationTable(b8, b8 - 4, BlockGeometry(64, 64), {"escapes": {"ratio_estimate": 1.40, "raw_fallback_share": 0.001}})
+    assert degenerate(good) == []
+    zero = CalibrationTable(torch.zeros(2, 2, 1, 64, dtype=torch.uint8), torch.zeros(2, 2, 1, 64, dtype=torch.uint8),
+                            BlockGeometry(64, 64), {"escapes": {"ratio_estimate": 0.9995, "raw_fallback_share": 0.2}})
+    reasons = degenerate(zero)
+    assert len(reasons) == 3 and "exponent 0" in reasons[0] and "0.999" in reasons[1] and "20.0%" in reasons[2]
+    monkeypatch.setattr(fit, "calibrate", lambda *a, **k: zero)
+    out = tmp_path / "z.safetensors"
+    argv = ["--model", str(tiny_model_dir), "--text", str(tiny_model_dir / "text.txt"), "--context", "128", "--quiet",
+            "--out", str(out)]
+    with pytest.raises(SystemExit, match="refusing to write a degenerate table"):
+        main(argv)
+    assert not out.exists()
+
+
+def test_table_header_that_is_not_json_names_file_and_field(tmp_path):
+    from safetensors.torch import save_file
+
+    path = tmp_path / "bad.safetensors"
+    save_file({"base8": torch.zeros(1, 2, 1, 64, dtype=torch.uint8), "base16": torch.zeros(1, 2, 1, 64, dtype=torch.uint8)},
+              str(path), metadata={"gaac": "{format_version: 2"})
+    with pytest.raises(ValueError) as e:
+        CalibrationTable.load(path)
+    msg = str(e.value)
+    assert str(path) in msg and "header field 'gaac' is not valid JSON" in msg and "gaac-calibrate" in msg
+
+
+def test_model_mismatch_lists_only_the_fields_that_differ():
+    from transformers import LlamaConfig
+
+    from gaac_hf.calibration import model_kv_shape
+
+    def cfg(layers, kv_heads=1):
+        return LlamaConfig(num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=kv_heads, head_dim=64,
+                           hidden_size=128, vocab_size=32)
+
+    shape = (30, 2, 1, 64)
+    t = CalibrationTable(torch.full(shape, 120, dtype=torch.uint8), torch.full(shape, 116, dtype=torch.uint8),
+                         BlockGeometry(64, 64), {"model_name": "thirty", "kv_shape": model_kv_shape(cfg(30))})
+    t.check_model(cfg(30))
+    with pytest.raises(ValueError) as e:
+        t.check_model(cfg(12))
+    msg = str(e.value)
+    assert "num_layers: table 30 vs model 12" in msg and "layer_types: table 30 entries vs model 12" in msg
+    assert msg.count("num_layers") == 1 and "head_dim" not in msg and "full_attention" not in msg
+    assert "num_kv_heads" not in msg and "gaac-calibrate" in msg
+    with pytest.raises(ValueError) as e:
+        t.check_model(cfg(30, kv_heads=2))
+    assert str(e.value).count(";") == 0 and "num_kv_heads: table 1 vs model 2" in str(e.value)

@@ -10,7 +10,7 @@ from ..calibration.shipped import find_table
 from ..calibration.table import CalibrationTable
 from ..format import MODE_3BIT, MODE_4BIT, MODE_RAW
 from .compat import layer_types_and_kwargs
-from .host import _HOST_SLOTS_PER_LAYER, _CountsMemo, _DeferredStore, _DeviceTables, _HostSlab
+from .host import _HOST_SLOTS_PER_LAYER, _CountsMemo, _DeferredStore, _DeviceTables, _FitnessCheck, _HostSlab
 from .layer import _K, _V, GAACLayer
 
 
@@ -23,6 +23,30 @@ def _resolve_table(calibration) -> CalibrationTable:
             "table, or a CalibrationTable> (make one with gaac-calibrate or gaac_hf.calibration)"
         )
     return CalibrationTable.load(find_table(calibration))
+
+
+def _config_of(config_or_model):
+    """(config, dtype it says the K/V will be): a transformers config as it is, a model's ``.config``
+    (with the model's own parameter dtype), anything else a TypeError that says what to pass."""
+    from transformers import PretrainedConfig
+
+    if isinstance(config_or_model, PretrainedConfig):
+        return config_or_model, getattr(config_or_model, "dtype", None)
+    inner = getattr(config_or_model, "config", None)
+    if isinstance(inner, PretrainedConfig):  # a model: its config, and the dtype its weights really have
+        return inner, getattr(config_or_model, "dtype", None)
+    raise TypeError(f"GAACCache(config, ...) takes the model's config: pass model.config "
+                    f"(got {type(config_or_model).__name__})")
+
+
+def _check_dtype(dtype) -> None:
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype, dtype)
+    if dtype in (torch.float16, torch.float32, torch.float64):
+        raise ValueError(
+            f"GAACCache stores bfloat16 K/V losslessly, but this model is {dtype}: load it with "
+            "dtype=torch.bfloat16 (or use DynamicCache). If its weights are already bfloat16 (converted with "
+            ".to() after loading), set model.config.dtype = torch.bfloat16 or pass the model itself.")
 
 
 class GAACCache(Cache):
@@ -39,7 +63,9 @@ class GAACCache(Cache):
 
     Args:
         config: the model's config (pass ``model.config`` itself: its ``_attn_implementation`` is read
-            live to decide whether update() returns full K/V or a tail carrier).
+            live to decide whether update() returns full K/V or a tail carrier), or the model (its
+            ``.config`` is taken). A float16/float32 dtype in the config (or of the model's weights)
+            is refused here, with the fix.
         calibration: a :class:`~gaac_hf.calibration.CalibrationTable` or a path to one. It must fit
             the model (``table.check_model``), else ValueError.
         block_size: override the table's block size (the windows do not depend on it).
@@ -57,6 +83,8 @@ class GAACCache(Cache):
         triton_codec: on CUDA, encode and decode blocks with the Triton kernels of
             ``gaac_hf.kernels.triton`` (byte- and bit-identical to the reference codec; default). False
             keeps the reference PyTorch codec everywhere.
+        checksums: write a checksum per block at encode time (8 bytes per block, counted in
+            ``allocated_bytes``) that :meth:`verify` compares; structural checks run without them.
 
     Full-attention layers get a :class:`GAACLayer`; sliding-window, chunked, linear and dummy layers
     keep their stock transformers layer (uncompressed).
@@ -64,9 +92,11 @@ class GAACCache(Cache):
 
     def __init__(self, config, calibration=None, *, block_size: int | None = None,
                  return_full_kv: bool | None = None,
-                 fused: bool | str = True, triton_codec: bool = True) -> None:
+                 fused: bool | str = True, triton_codec: bool = True, checksums: bool = False) -> None:
         if fused not in (True, False, "auto"):
             raise ValueError(f'fused must be True, False or "auto", got {fused!r}')
+        config, dtype = _config_of(config)
+        _check_dtype(dtype)
         table = _resolve_table(calibration)
         table.check_model(config)
         text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
@@ -79,8 +109,10 @@ class GAACCache(Cache):
         deferred = _DeferredStore()  # shared: a prefill's store waits until the next layer's append
         slab = _HostSlab(_HOST_SLOTS_PER_LAYER * len(types))  # shared: one pinned allocation per cache
         on_device = _DeviceTables()  # shared: the table crosses to the GPU once, not 4 copies per layer
+        fitness = _FitnessCheck(table)  # shared: one warning per cache when the table does not fit
         layers = [
-            GAACLayer(i, table, geometry, text, return_full_kv, fused, triton_codec, memo, deferred, slab, on_device)
+            GAACLayer(i, table, geometry, text, return_full_kv, fused, triton_codec, memo, deferred, slab, on_device,
+                      fitness, checksums)
             if lt == "full_attention"
             else DYNAMIC_LAYER_TYPE_MAPPING[lt](**kw)
             for i, (lt, kw) in enumerate(zip(types, kwargs))
@@ -106,6 +138,17 @@ class GAACCache(Cache):
                 dst.append(src.keys, src.values)
         return new
 
+    def verify(self) -> dict:
+        """Check every stored block: reserved tags and escape-stream lengths / offsets always, the
+        per-block checksums when built with ``checksums=True``. Raises ValueError naming the layer,
+        K or V and the rows; returns the counts checked. Host syncs (call it between steps)."""
+        out = {"slot_rows": 0, "raw_rows": 0}
+        for layer in self.layers:
+            if isinstance(layer, GAACLayer):
+                got = layer.verify()
+                out = {k: out[k] + got[k] for k in ("slot_rows", "raw_rows")} | {"checksums": got["checksums"]}
+        return out
+
     def stats(self, per_layer: bool = False) -> dict:
         """Resident KV bytes against a BF16 cache, compression ratio and mode shares.
 
@@ -115,8 +158,10 @@ class GAACCache(Cache):
         - ``resident_bytes``: bytes of the GAAC layers' data (slot rows with their escape-stream
           offsets, escape streams, raw rows, block tables, tails); ``bf16_bytes``: what a BF16 DynamicCache would hold for the same layers
           and tokens; ``ratio`` = bf16/resident, ``savings`` = 1 - resident/bf16.
-        - ``allocated_bytes``: capacity actually reserved (pools and tables grow by doubling, and a
-          prefill leaves headroom for the following decode steps); ``resident_bytes`` excludes it.
+        - ``allocated_bytes``: every byte the GAAC layers' tensors hold, capacity included (pools,
+          tables and tails grow in fixed pages; the bound is in ``docs/CACHE.md`` "Memory").
+        - ``allocated_vs_bf16`` = allocated/bf16 and ``resident_vs_bf16`` = resident/bf16: the
+          fraction of a BF16 cache's bytes that this cache allocates / holds (0.73 = 27% saved).
         - ``stock_layer_bytes``: uncompressed layers kept stock (sliding window etc.).
         - ``mode_shares`` (and ``_k``/``_v``): fraction of encoded groups in 3-bit / 4-bit / raw mode.
         - ``raw_fallback_blocks`` (raw rows held), ``stored_blocks`` (distinct blocks held),
@@ -136,9 +181,10 @@ class GAACCache(Cache):
             s["raw_blocks"] = int(raw_rows[j])
             s["blocks"] = s["slot_rows"] - int(orphans[j]) + s["raw_blocks"]
             s["escape_bytes"] = int(heap_bytes[j])
-            # a slot row costs its planes and its 8-byte esc_start; streams at their exact length
-            s["resident"] = (s["fixed"] + s["slot_rows"] * (g.slot_bytes + 8) + s["escape_bytes"]
-                             + s["raw_blocks"] * g.raw_bytes)
+            # a slot row costs its planes and its 8-byte esc_start (+ 8 checksum bytes if kept)
+            cs = 8 * s["checksums"]
+            s["resident"] = (s["fixed"] + s["slot_rows"] * (g.slot_bytes + 8 + cs) + s["escape_bytes"]
+                             + s["raw_blocks"] * (g.raw_bytes + cs))
 
         def shares(c: torch.Tensor) -> dict:
             tot = max(int(c.sum()), 1)
@@ -146,6 +192,7 @@ class GAACCache(Cache):
 
         resident = sum(s["resident"] for _, s in per)
         bf16 = sum(s["bf16"] for _, s in per)
+        allocated = sum(s["allocated"] for _, s in per)
         stock = 0
         for layer in self.layers:
             if not isinstance(layer, GAACLayer):
@@ -157,7 +204,9 @@ class GAACCache(Cache):
             "bf16_bytes": bf16,
             "ratio": bf16 / resident if resident else 0.0,
             "savings": 1 - resident / bf16 if bf16 else 0.0,
-            "allocated_bytes": sum(s["allocated"] for _, s in per),
+            "allocated_bytes": allocated,
+            "allocated_vs_bf16": allocated / bf16 if bf16 else 0.0,
+            "resident_vs_bf16": resident / bf16 if bf16 else 0.0,
             "stock_layer_bytes": stock,
             "mode_shares": shares(modes.sum((0, 1))),
             "mode_shares_k": shares(modes[:, _K].sum(0)),

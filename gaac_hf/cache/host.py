@@ -124,3 +124,71 @@ class _DeferredStore:
     def drop(self, layer) -> None:
         if self.pending is not None and self.pending[0] is layer:
             self.pending = None
+
+
+class _FitnessCheck:
+    """Warns once per cache when the table does not fit the K/V it meets (shared by the layers).
+
+    After the cache's first :data:`BLOCKS` encoded blocks, their bytes per block are compared with
+    what the table's own calibration sample predicts (``meta["escapes"]["ratio_estimate"]``, else
+    the mode shares), and the raw-fallback share with :data:`MAX_RAW_SHARE`. Everything it reads is on
+    the host already: slot rows and block counts are host integers, raw rows and heap bytes come from
+    the CPU counters (free) or the pools' non-blocking pinned snapshots on CUDA (if one has not
+    landed yet the check waits for a later append): no host sync.
+    """
+
+    BLOCKS = 256
+    #: warn below this fraction of the table's expected ratio, or above this raw-fallback share
+    MIN_RATIO_FRACTION, MAX_RAW_SHARE = 0.95, 0.02
+
+    __slots__ = ("table", "done", "layers")
+
+    def __init__(self, table: CalibrationTable) -> None:
+        self.table, self.done, self.layers = table, False, []
+
+    def expected_ratio(self) -> float | None:
+        from ..format import ESCAPE_BYTES, MODE_4BIT, MODE_RAW
+
+        meta, g = self.table.meta, self.table.geometry
+        est = (meta.get("escapes") or {}).get("ratio_estimate")
+        if est:
+            return float(est)
+        shares = meta.get("mode_shares") or {}
+        if not all(k in shares for k in ("K", "V")):
+            return None
+        esc = sum(shares[k]["4bit"] * ESCAPE_BYTES[MODE_4BIT] + shares[k]["raw"] * ESCAPE_BYTES[MODE_RAW] for k in "KV") / 2
+        return g.raw_bytes / (g.slot_bytes + esc * g.groups)
+
+    def observe(self) -> None:
+        if self.done:
+            return
+        pools = [p for layer in self.layers if layer._pools is not None for p in layer._pools]
+        blocks = sum(p.encoded_blocks for p in pools)
+        if blocks < self.BLOCKS:
+            return
+        slots = raw = heap = 0
+        for p in pools:
+            if p._snap_event is None:
+                r, h = int(p.counts[3]), int(p.counts[5])  # CPU tensors: free to read
+            elif p._snap_event.query():
+                r, h = p._snap.tolist()
+            else:
+                return  # a snapshot still in flight: try at a later append
+            slots, raw, heap = slots + p.n_slots, raw + r, heap + h
+        self.done = True
+        g = self.table.geometry
+        ratio = blocks * g.raw_bytes / (slots * g.slot_bytes + heap + raw * g.raw_bytes)
+        want = self.expected_ratio()
+        problems = []
+        if want and ratio < self.MIN_RATIO_FRACTION * want:
+            problems.append(f"the first {blocks} blocks compress {ratio:.3f}x where the table's calibration predicts {want:.3f}x")
+        if raw > self.MAX_RAW_SHARE * blocks:
+            problems.append(f"{raw} of the first {blocks} blocks ({100 * raw / blocks:.1f}%) fell back to raw")
+        if problems:
+            import warnings
+
+            m = self.table.meta
+            made = f" (calibrated on {m.get('model_name', '?')} at context {m.get('context', '?')})"
+            warnings.warn("GAACCache: the calibration table does not fit this K/V" + made + ": " + "; ".join(problems)
+                          + ". Still lossless, but memory is not saved: make a table for this model at the context you "
+                          "run with `gaac-calibrate --model <model> --context <tokens>`.", stacklevel=4)

@@ -13,10 +13,13 @@ from ..format import BlockGeometry
 from ..kernels.paged import PagedKV
 from .attention import uses_gaac_attention
 from .compat import POSITIVE_CROP_IS_LENGTH
-from .host import _HOST_SLOTS_PER_LAYER, _CountsMemo, _DeferredStore, _DeviceTables, _HostSlab
-from .pool import _BlockPool, _grow, _headroom, _reserve_from, _sync_plan, decode_tables
+from .host import _HOST_SLOTS_PER_LAYER, _CountsMemo, _DeferredStore, _DeviceTables, _FitnessCheck, _HostSlab
+from .pool import _BlockPool, _grow, _reserve_from, _round_up, _sync_plan, decode_tables
 
 _K, _V = 0, 1
+
+#: block-table columns added per growth (int32 entries: 4 bytes per row and head per column)
+TABLE_PAGE = 64
 
 
 def _local_heads(table: CalibrationTable, heads: int, layer_idx: int) -> CalibrationTable:
@@ -55,8 +58,11 @@ class GAACLayer(CacheLayerMixin):
     def __init__(self, layer_idx: int, table: CalibrationTable, geometry: BlockGeometry, config,
                  return_full_kv: bool | None = None, fused: bool | str = True, triton_codec: bool = True,
                  counts_memo: _CountsMemo | None = None, deferred: _DeferredStore | None = None,
-                 host_slab: _HostSlab | None = None, device_tables: _DeviceTables | None = None) -> None:
+                 host_slab: _HostSlab | None = None, device_tables: _DeviceTables | None = None,
+                 fitness: _FitnessCheck | None = None, checksums: bool = False) -> None:
         super().__init__()
+        self._fitness = fitness if fitness is not None else _FitnessCheck(table)  # see there
+        self._fitness.layers.append(self)
         self._device_tables = device_tables if device_tables is not None else _DeviceTables()  # see there
         self._counts_memo = counts_memo if counts_memo is not None else _CountsMemo()  # see paged_kv()
         self._deferred = deferred if deferred is not None else _DeferredStore()  # see _DeferredStore
@@ -68,6 +74,7 @@ class GAACLayer(CacheLayerMixin):
         self._return_full_kv = return_full_kv
         self.fused = fused  # allow the Triton decode kernel (CUDA, q_len == 1) in GAAC attention
         self.triton_codec = triton_codec  # Triton encoder/decoder for CUDA pools (same bytes/bits)
+        self.checksums = checksums  # per-block checksums written at encode time (see verify())
         self._awaiting_attention = False
         self._reset_state()
 
@@ -120,11 +127,14 @@ class GAACLayer(CacheLayerMixin):
         table = self._device_tables.get(_local_heads(self._table, h, self.layer_idx), dev)
         cuda = dev.type == "cuda"
         self._pools = [_BlockPool(g, *table.bases(self.layer_idx, kind), dev, self.triton_codec, b * h,
-                                  self._host_slab.take(2) if cuda else None)
+                                  self._host_slab.take(2) if cuda else None, self.checksums)
                        for kind in (_K, _V)]
         # One column from the start: kernels take the full-capacity table and want max_blocks >= 1.
         self._tables = [torch.zeros(b, h, 1, dtype=torch.int32, device=dev) for _ in (_K, _V)]
-        self.tails = [torch.zeros(b, h, g.block_size, d, dtype=torch.bfloat16, device=dev) for _ in (_K, _V)]
+        # CUDA: the whole T-token tail, which the fused kernel reads; CPU: grown in quarter blocks
+        self._tail_page = g.block_size if cuda else max(g.block_size // 4, 1)
+        cap = g.block_size if cuda else 0
+        self.tails = [torch.zeros(b, h, cap, d, dtype=torch.bfloat16, device=dev) for _ in (_K, _V)]
         self._heads = torch.arange(h, device=dev)
         # sync terms of a deferred store (4 per pool) land here without blocking (see _DeferredStore)
         self._terms_host = self._terms_event = None
@@ -174,6 +184,8 @@ class GAACLayer(CacheLayerMixin):
         t, tl, nb0 = self.geometry.block_size, self.tail_len, self.num_blocks
         if tl + q < t:
             # no block completes (every decode step but one in T): the tail holds all of it
+            self._tail_room(tl + q)
+            tails = self.tails
             tails[_K][:, :, tl : tl + q].copy_(key_states)
             tails[_V][:, :, tl : tl + q].copy_(value_states)
             self.tail_len = tl + q
@@ -196,6 +208,7 @@ class GAACLayer(CacheLayerMixin):
             self._deferred.pending = (self, args)
         else:
             self._store_deferred(*args)
+        self._tail_room(rem, shrink=True)
         for kind in (_K, _V):
             self.tails[kind][:, :, :rem].copy_(seqs[kind][:, :, nfull * t :])
         self.num_blocks += nfull
@@ -214,6 +227,7 @@ class GAACLayer(CacheLayerMixin):
         b, h = self.tails[_K].shape[:2]
         for kind, (p, e, blk, (ub, new)) in enumerate(zip(self._pools, encs, blocks, res)):
             self._tables[kind][:, :, nb0 : nb0 + nfull] = p.store(e, blk, ub, new).view(b, h, nfull)
+        self._fitness.observe()
 
     def _wants_full_kv(self) -> bool:
         if self._return_full_kv is not None:
@@ -221,9 +235,25 @@ class GAACLayer(CacheLayerMixin):
         return not uses_gaac_attention(self._config)
 
     def _ensure_table(self, blocks: int) -> None:
-        # headroom as for the pools (a decode step adds one block per row and head); the kernel's
-        # split grid follows the live block count (paged_kv's active_blocks), not the capacity
-        self._tables = [_grow(tb, blocks, dim=2, slack=_headroom(blocks, 1)) for tb in self._tables]
+        # fixed pages of TABLE_PAGE columns; the kernel's split grid follows the live block count
+        # (paged_kv's active_blocks), not the capacity
+        self._tables = [_grow(tb, blocks, dim=2, page=TABLE_PAGE) for tb in self._tables]
+
+    def _tail_room(self, tokens: int, shrink: bool = False) -> None:
+        """Make the tail buffers hold at least ``tokens`` positions (their first ``tail_len`` kept).
+        CPU tails grow in pages of ``T / 4`` tokens; ``shrink`` (a block just completed, the tail
+        is about to be rewritten) also gives back the pages past ``tokens``. CUDA tails are T tokens
+        from the start and never change."""
+        cap = self.tails[_K].shape[2]
+        if cap == self.geometry.block_size and self.device.type == "cuda":
+            return
+        want = _round_up(tokens, self._tail_page)
+        if want == cap or (want < cap and not shrink):
+            return
+        if want < cap:
+            self.tails = [tl[:, :, :want].clone() for tl in self.tails]  # nothing past `tokens` is kept
+        else:
+            self.tails = [_grow(tl, tokens, dim=2, page=self._tail_page) for tl in self.tails]
 
     def get_seq_length(self) -> int:
         return self.num_blocks * self.geometry.block_size + self.tail_len if self.is_initialized else 0
@@ -309,6 +339,7 @@ class GAACLayer(CacheLayerMixin):
             return
         keep, rem = divmod(new_len, t)
         if rem:
+            self._tail_room(rem)
             b, h = self.tails[_K].shape[:2]
             heads = self._heads.view(1, h).expand(b, h).reshape(-1)
             for kind in (_K, _V):
@@ -376,6 +407,7 @@ class GAACLayer(CacheLayerMixin):
         ``kv_start``: int32 ``[B]`` left-padding offsets of this step, if any.
         """
         self._deferred.flush()
+        self._tail_room(self.geometry.block_size)  # the kernels read T-token tails (always so on CUDA)
         pk, pv = self._pools
         nbt, tlt = self._counts_memo.get(self.tails[_K].shape[0], self.num_blocks, self.tail_len, self.device)
         return PagedKV(
@@ -385,12 +417,27 @@ class GAACLayer(CacheLayerMixin):
             active_blocks=max(self.num_blocks, 1),
         )
 
+    def verify(self) -> dict:
+        """Check every stored block of this layer (structure, and checksums if kept); ValueError if any is
+        corrupt. Host syncs: an explicit check, not part of a decode step."""
+        if not self.is_initialized:
+            return {"slot_rows": 0, "raw_rows": 0, "checksums": self.checksums}
+        self._deferred.flush()
+        out = {}
+        for kind, name in ((_K, "K"), (_V, "V")):
+            try:
+                got = self._pools[kind].verify(self._tables[kind][:, :, : self.num_blocks])
+            except ValueError as e:
+                raise ValueError(f"layer {self.layer_idx} {name}: {e}") from None
+            out = {k: out.get(k, 0) + v for k, v in got.items() if k != "checksums"} | {"checksums": got["checksums"]}
+        return out
+
     # -- statistics -------------------------------------------------------------------------------
     def _stats(self) -> dict:
         """Host-side byte counts plus the pools' device counters (``counts`` [2, 6], not synced here)."""
         if not self.is_initialized:
             z = torch.zeros(6, dtype=torch.int64)
-            return {"fixed": 0, "slot_rows": 0, "bf16": 0, "allocated": 0, "counts": [z, z], "encoded": 0,
+            return {"fixed": 0, "slot_rows": 0, "bf16": 0, "allocated": 0, "counts": [z, z], "encoded": 0, "checksums": False,
                     "tail_tokens": 0, "tokens": 0}
         self._deferred.flush()
         b, h = self.tails[_K].shape[:2]
@@ -399,6 +446,7 @@ class GAACLayer(CacheLayerMixin):
         tail_bytes = b * h * self.tail_len * g.head_dim * 2
         return {
             "fixed": 2 * (table_bytes + tail_bytes),  # + slot rows and raw rows, counted after the sync
+            "checksums": self.checksums,
             "slot_rows": sum(p.n_slots for p in self._pools),
             "bf16": 2 * b * h * self.get_seq_length() * g.head_dim * 2,
             "allocated": sum(p.allocated_bytes() for p in self._pools)

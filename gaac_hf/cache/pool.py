@@ -12,6 +12,7 @@ from functools import partial
 import torch
 
 from ..codec import append_escapes, decode_blocks, encode_blocks, escape_lengths
+from ..codec.checksum import block_sums, byte_sums, heap_rows, next_starts, raw_sums, structure_problems
 from ..format import BlockGeometry
 from ..kernels.paged import PagedTensor
 from .host import _HostSlab
@@ -25,25 +26,37 @@ except Exception:  # noqa: BLE001
     _tdec = _tenc = None
 
 
-def _grow(t: torch.Tensor, rows: int, dim: int = 0, slack: int = 0) -> torch.Tensor:
+def _grow(t: torch.Tensor, rows: int, dim: int = 0, page: int = 1) -> torch.Tensor:
     """Return ``t`` with at least ``rows`` entries along ``dim``, old contents kept. When it must grow,
-    it gets ``max(rows + slack, 2 * have)`` entries (doubling; ``slack``: headroom past ``rows``)."""
+    it gets ``rows`` rounded up to a multiple of ``page`` (fixed-size pages, never doubling: the
+    capacity exceeds what is asked for by less than one page)."""
     have = t.shape[dim]
     if rows <= have:
         return t
     shape = list(t.shape)
-    shape[dim] = max(rows + slack, 2 * have)
-    out = torch.zeros(shape, dtype=t.dtype, device=t.device)
+    shape[dim] = _round_up(rows, max(page, 1))
+    out = torch.empty(shape, dtype=t.dtype, device=t.device)
     out.narrow(dim, 0, have).copy_(t)
+    out.narrow(dim, have, shape[dim] - have).zero_()  # never read before written; zeroed all the same
     return out
 
 
-def _headroom(need: int, step: int) -> int:
-    """Spare rows to leave when a synced append (a prefill) sizes a pool for ``need`` rows: room for
-    the next decode steps (``step`` rows each) so that the first block-completing steps after a
-    prefill do not reallocate and copy the pool. Reported by ``stats()['allocated_bytes']``, not by
-    ``'resident_bytes'``."""
-    return max(2 * step, need // 16)
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+#: CUDA pools grow their slot rows in pages of about this many bytes (a growth copies the pool on the
+#: device, without a host sync; larger pages mean fewer copies). CPU pools grow by one decode step's
+#: blocks (``B * Hkv`` rows), so their capacity is exact.
+CUDA_PAGE_BYTES = 2 << 20
+#: CPU escape heaps grow in pages of this many bytes.
+CPU_HEAP_PAGE = 1024
+
+
+def _keeps_headroom(device: torch.device) -> bool:
+    """Whether pools on ``device`` keep spare raw rows and heap bytes so that decode steps need no
+    host sync (CUDA), or size them exactly at every append (CPU, where reading a counter is free)."""
+    return device.type == "cuda"
 
 
 def _triton_codec(geometry: BlockGeometry, device) -> tuple | None:
@@ -93,12 +106,18 @@ class _BlockPool:
     raw rows and heap bytes in use (exact on CPU), refreshed without blocking from a pinned copy of
     the device counters that each append issues; it syncs only when a bound could overflow its pool
     (a prefill, or streams/raw fallbacks eating the headroom of at least ``2 * step_blocks`` blocks).
-    Decode steps thus run without host syncs. A synced append also leaves slot and heap headroom
-    (:func:`_headroom`), so the decode steps right after a prefill do not regrow the pools.
+    Decode steps thus run without host syncs.
+
+    Allocation is bounded (``docs/CACHE.md`` "Memory"): slot rows (with ``esc_start``) grow in fixed
+    pages (:meth:`slot_page`), the heap keeps at most one page of spare bytes, and the raw pool
+    keeps spare rows only on CUDA, where the no-sync decode path needs them (``2 * step_blocks``
+    fallbacks and a sink row). On the CPU counters are free to read, so every append sizes the raw
+    pool and heap exactly and the raw pool holds no row until a block falls back.
     """
 
     def __init__(self, geometry: BlockGeometry, base8: torch.Tensor, base16: torch.Tensor, device,
-                 triton_codec: bool = True, step_blocks: int = 1, snap: torch.Tensor | None = None) -> None:
+                 triton_codec: bool = True, step_blocks: int = 1, snap: torch.Tensor | None = None,
+                 checksums: bool = False) -> None:
         g = self.geometry = geometry
         device = torch.device(device)
         kernels = _triton_codec(geometry, device) if triton_codec else None
@@ -107,13 +126,20 @@ class _BlockPool:
             encode_blocks, partial(decode_blocks, validate=False), append_escapes)
         self.base8 = base8.to(device)
         self.base16 = base16.to(device)
-        # At least one row each so gathers with clamped indices are always in range. The raw pool's
-        # last row is a sink: writes of fitting blocks land there (no data-dependent shapes); the
-        # heap's last byte likewise for the reference stream append.
-        self.slots = torch.zeros(1, g.slot_bytes, dtype=torch.uint8, device=device)
-        self.esc_start = torch.zeros(1, dtype=torch.int64, device=device)
+        # On CUDA the raw pool's last row is a sink: writes of fitting blocks land there in decode
+        # steps (no data-dependent shapes, no sync). The heap's last byte is the sink of the stream
+        # append (both codecs). Slot rows start empty: a gather of no entries reads nothing.
+        self.headroom = _keeps_headroom(device)  # the no-sync (CUDA) storage policy
+        self.slots = torch.zeros(0, g.slot_bytes, dtype=torch.uint8, device=device)
+        self.esc_start = torch.zeros(0, dtype=torch.int64, device=device)
         self.heap = torch.zeros(1, dtype=torch.uint8, device=device)
-        self.raw = torch.zeros(1, g.block_size, g.head_dim, dtype=torch.bfloat16, device=device)
+        self.raw = torch.zeros(int(self.headroom), g.block_size, g.head_dim, dtype=torch.bfloat16, device=device)
+        # Optional per-block checksums (gaac_hf.codec.checksum), written at encode time: one int64 per
+        # slot row and per raw row. Structural checks on every CPU decode (free there: the sync costs
+        # nothing); CUDA decoders check nothing (a check would sync): cache.verify() checks it all.
+        self.sums = torch.zeros(0, dtype=torch.int64, device=device) if checksums else None
+        self.raw_sums = torch.zeros(self.raw.shape[0], dtype=torch.int64, device=device) if checksums else None
+        self.check_on_decode = not self.headroom and not self.triton
         self.n_slots = 0
         self.n_raw = 0  # upper bound of raw rows in use (exact on CPU)
         self.n_heap = 0  # upper bound of heap bytes in use (exact on CPU)
@@ -131,6 +157,25 @@ class _BlockPool:
     def mode_counts(self) -> torch.Tensor:
         return self.counts[:3]
 
+    # -- page sizes (the allocation bound of docs/CACHE.md) -----------------------------------------
+    def slot_page(self) -> int:
+        """Slot rows per page: one decode step's blocks (``step_blocks = B * Hkv``) on the CPU, so the
+        capacity is exact (blocks complete for every row and head together); on CUDA the multiple
+        of ``step_blocks`` closest to :data:`CUDA_PAGE_BYTES`."""
+        step = max(self.step_blocks, 1)
+        if not self.headroom:
+            return step
+        return _round_up(max(CUDA_PAGE_BYTES // (self.geometry.slot_bytes + 8), 1), step)
+
+    def heap_spare(self) -> int:
+        """Spare heap bytes a synced append leaves: on CUDA room for two decode steps of streams at the
+        escape limit (the no-sync path's bound), on the CPU none (the page rounds it up)."""
+        return 2 * self.step_blocks * self.geometry.escape_limit if self.headroom else 0
+
+    def raw_spare(self) -> int:
+        """Spare raw rows a synced append leaves: two decode steps of fallbacks plus the sink on CUDA."""
+        return 2 * self.step_blocks + 1 if self.headroom else 0
+
     # -- appending: encode, reserve room (one host sync for several pools at most), store ----------
     def encode(self, blocks: torch.Tensor, heads: torch.Tensor):
         """Encode bf16 ``[N, T, D]`` blocks (``heads`` int64 ``[N]``) with this pool's windows."""
@@ -139,8 +184,10 @@ class _BlockPool:
     def _has_headroom(self, n: int) -> bool:
         """Whether ``n`` more blocks surely fit (raw rows and escape streams) without reading the
         device counters; refreshes the host bounds from the last non-blocking snapshot first."""
-        if self._snap_event is None:
-            self.n_raw, self.n_heap = int(self.counts[3]), int(self.counts[5])  # CPU: free to read
+        if not self.headroom:
+            return False  # exact sizes at every append: reading the counters costs nothing here
+        if self._snap_event is None:  # the no-sync policy on the CPU (tests): counters free to read
+            self.n_raw, self.n_heap = int(self.counts[3]), int(self.counts[5])
         elif self._snap_event.query():
             self.n_raw, self.n_heap = self._snap.tolist()  # the last append's non-blocking copy has landed
         return (self.n_raw + n <= self.raw.shape[0] - 1
@@ -153,9 +200,8 @@ class _BlockPool:
         return [self.counts[3], (~enc.fits).sum(), self.counts[5], lens]
 
     def _reserve_exact(self, cur: int, new: int, used: int, add: int) -> tuple[int, int]:
-        limit = self.geometry.escape_limit
-        self.raw = _grow(self.raw, cur + new + 2 * self.step_blocks + 1)
-        self.heap = _grow(self.heap, used + add + 1, slack=_headroom(used + add, self.step_blocks * limit))
+        self.raw = _grow(self.raw, cur + new + self.raw_spare())
+        self.heap = _grow(self.heap, used + add + self.heap_spare() + 1, page=1 if self.headroom else CPU_HEAP_PAGE)
         self.n_heap = used + add
         return cur + new, new
 
@@ -168,31 +214,44 @@ class _BlockPool:
         n, s0 = blocks.shape[0], self.n_slots
         fits = enc.fits
         nfit = ~fits
+        if self.sums is not None:
+            sums, rsums = block_sums(enc.slots, enc.escapes, enc.escape_len), raw_sums(blocks)
+            self.raw_sums = _grow(self.raw_sums, self.raw.shape[0])
         start = self._append_escapes(enc, self.heap, self.counts[5:6])  # int64 [N]; streams of fitting blocks
         raw_pos = self.counts[3] + torch.cumsum(nfit, 0) - 1  # int64 [N], valid where ~fits
         if new is None:
             # No sync (decode steps): every block takes the next slot row, a raw fallback's row stays
             # unused; every block is copied to the raw pool, fitting ones into the sink row.
-            self.slots = _grow(self.slots, s0 + n)
-            self.esc_start = _grow(self.esc_start, s0 + n)
+            page = self.slot_page()
+            self.slots = _grow(self.slots, s0 + n, page=page)
+            self.esc_start = _grow(self.esc_start, s0 + n, page=page)
             self.slots[s0 : s0 + n] = enc.slots
             self.esc_start[s0 : s0 + n] = start
             slot_pos = torch.arange(s0, s0 + n, device=fits.device)
             sink = torch.full_like(raw_pos, self.raw.shape[0] - 1)
             self.raw.index_copy_(0, torch.where(fits, sink, raw_pos), blocks)
+            if self.sums is not None:
+                self.sums = _grow(self.sums, self.slots.shape[0], page=page)
+                self.sums[s0 : s0 + n] = sums
+                self.raw_sums.index_copy_(0, torch.where(fits, sink, raw_pos), rsums)
             self.counts[4] += nfit.sum()
             self.n_slots = s0 + n
         else:
             # Synced anyway (prefill, or the headroom ran out): store compactly.
             n_fit = n - new
-            slack = _headroom(s0 + n_fit, self.step_blocks)
-            self.slots = _grow(self.slots, s0 + n_fit, slack=slack)
-            self.esc_start = _grow(self.esc_start, s0 + n_fit, slack=slack)
+            page = self.slot_page()
+            self.slots = _grow(self.slots, s0 + n_fit, page=page)
+            self.esc_start = _grow(self.esc_start, s0 + n_fit, page=page)
             self.slots[s0 : s0 + n_fit] = enc.slots if new == 0 else enc.slots[fits]
             self.esc_start[s0 : s0 + n_fit] = start if new == 0 else start[fits]
             slot_pos = s0 + torch.cumsum(fits, 0) - 1
             if new:
                 self.raw[ub - new : ub] = blocks[nfit]
+            if self.sums is not None:
+                self.sums = _grow(self.sums, self.slots.shape[0], page=page)
+                self.sums[s0 : s0 + n_fit] = sums if new == 0 else sums[fits]
+                if new:
+                    self.raw_sums[ub - new : ub] = rsums[nfit]
             self.n_slots = s0 + n_fit
         entries = torch.where(fits, slot_pos, -raw_pos - 1)
         self.counts[3] += nfit.sum()
@@ -214,8 +273,12 @@ class _BlockPool:
         if entries.numel() == 0:
             return torch.empty(0, g.block_size, g.head_dim, dtype=torch.bfloat16, device=self.slots.device)
         e = entries.to(torch.int64)
+        if self.slots.shape[0] == 0:  # no block fitted yet: every entry is raw
+            return self.raw[-e - 1]
         # Raw entries decode a slot row too (discarded below): no data-dependent shapes, no syncs.
         s = e.clamp(min=0)
+        if self.check_on_decode:
+            self._raise_if(self.structure(e[e >= 0]))
         out = self._decode(self.slots[s], (self.heap, self.esc_start[s]), self.base8[heads], self.base16[heads], g)
         if self.n_raw:
             out = torch.where((e < 0)[:, None, None], self.raw[(-e - 1).clamp(min=0)], out)
@@ -239,13 +302,16 @@ class _BlockPool:
         total = int(lens.sum())
         owner = torch.repeat_interleave(torch.arange(s_used.numel(), device=flat.device), lens)
         src = self.esc_start[s_used][owner] + torch.arange(total, device=flat.device) - new_start[owner]
-        heap = torch.zeros(total + 2 * self.step_blocks * self.geometry.escape_limit + 1, dtype=torch.uint8,
-                           device=flat.device)
+        heap = torch.zeros(total + self.heap_spare() + 1, dtype=torch.uint8, device=flat.device)
         heap[:total] = self.heap[src]
         self.heap = heap
-        self.esc_start = new_start if s_used.numel() else self.esc_start[:1].clone()
-        self.slots = self.slots[s_used] if s_used.numel() else self.slots[:1].clone()
-        self.raw = torch.cat([self.raw[r_used], self.raw[-1:]])  # keeps the sink row last
+        self.esc_start = new_start
+        self.slots = self.slots[s_used]
+        if self.sums is not None:
+            self.sums = self.sums[s_used]
+            self.raw_sums = torch.cat([self.raw_sums[r_used], self.raw_sums[-1:]]) if self.headroom else self.raw_sums[r_used]
+        # keeps the CUDA sink row last
+        self.raw = torch.cat([self.raw[r_used], self.raw[-1:]]) if self.headroom else self.raw[r_used]
         self.n_slots, self.n_raw, self.n_heap = int(s_used.numel()), int(r_used.numel()), total
         self.counts[3] = self.n_raw
         self.counts[4] = 0
@@ -254,11 +320,56 @@ class _BlockPool:
         return new.to(torch.int32).reshape(live.shape)
 
     def paged(self, table: torch.Tensor, tail: torch.Tensor) -> PagedTensor:
-        """This pool with a block table and tail buffer, as attention and table decoders read it."""
-        return PagedTensor(self.slots, self.heap, self.esc_start, self.raw, table, tail, self.base8, self.base16)
+        """This pool with a block table and tail buffer, as attention and table decoders read it. The
+        kernels want at least one slot and raw row: an empty one is handed over as a zero row (a
+        transient of one block; the table never points at it)."""
+        slots, esc_start, raw = self.slots, self.esc_start, self.raw
+        if slots.shape[0] == 0:
+            slots, esc_start = slots.new_zeros(1, slots.shape[1]), esc_start.new_zeros(1)
+        if raw.shape[0] == 0:
+            raw = raw.new_zeros(1, *raw.shape[1:])
+        return PagedTensor(slots, self.heap, esc_start, raw, table, tail, self.base8, self.base16)
 
     def allocated_bytes(self) -> int:
-        return self.slots.numel() + self.esc_start.numel() * 8 + self.heap.numel() + self.raw.numel() * 2
+        sums = 0 if self.sums is None else 8 * (self.sums.numel() + self.raw_sums.numel())
+        return self.slots.numel() + self.esc_start.numel() * 8 + self.heap.numel() + self.raw.numel() * 2 + sums
+
+    # -- integrity ----------------------------------------------------------------------------------
+    def structure(self, rows: torch.Tensor) -> list[str]:
+        """Structural problems of slot rows ``rows`` (int64): reserved tags, stream lengths that do not
+        match the offsets (see :func:`gaac_hf.codec.checksum.structure_problems`)."""
+        if rows.numel() == 0:
+            return []
+        ends = next_starts(self.esc_start[: self.n_slots], self.counts[5])
+        return structure_problems(self.slots[rows], self.esc_start[rows], ends[rows], self.geometry)
+
+    @staticmethod
+    def _raise_if(problems: list[str]) -> None:
+        if problems:
+            raise ValueError("corrupt GAAC cache: " + "; ".join(problems))
+
+    def verify(self, entries: torch.Tensor) -> dict:
+        """Check the blocks that table ``entries`` (int, any shape) reference: structure always, the
+        checksums written at encode time when the pool keeps them. Raises ValueError naming what is
+        wrong; returns counts of what was checked."""
+        e = entries.reshape(-1).to(torch.int64)
+        rows, raws = torch.unique(e[e >= 0]), torch.unique(-e[e < 0] - 1)
+        if bool((rows >= self.n_slots).any()) or bool((raws >= self.raw.shape[0]).any()):
+            self._raise_if([f"block-table entries past the pools ({self.n_slots} slot rows, {self.raw.shape[0]} raw rows)"])
+        problems = self.structure(rows)
+        if self.sums is not None and not problems:
+            g = self.geometry
+            lens = escape_lengths(self.slots[rows], g)
+            got = byte_sums(self.slots[rows]) + byte_sums(heap_rows(self.heap, self.esc_start[rows], g.escape_limit),
+                                                           g.slot_bytes, lens)
+            bad = (got != self.sums[rows]).nonzero().flatten()
+            rbad = (raw_sums(self.raw[raws]) != self.raw_sums[raws]).nonzero().flatten()
+            if bad.numel():
+                problems.append(f"checksum mismatch in slot rows {rows[bad][:8].tolist()} (planes, tags or escape stream)")
+            if rbad.numel():
+                problems.append(f"checksum mismatch in raw rows {raws[rbad][:8].tolist()}")
+        self._raise_if(problems)
+        return {"slot_rows": int(rows.numel()), "raw_rows": int(raws.numel()), "checksums": self.sums is not None}
 
 
 def _sync_plan(pools: list, encs: list) -> tuple[list[bool], torch.Tensor | None]:

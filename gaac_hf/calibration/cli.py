@@ -58,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--full-cache", action="store_true", help="keep every token of sliding-window layers too (their windows are then calibrated on all positions)")
     ap.add_argument("--out", default=None, help="output table (default: ./<model>.safetensors; the shipped tables are never overwritten)")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
+    ap.add_argument("--force", action="store_true", help="write the table even if it looks degenerate (see below)")
     return ap
 
 
@@ -67,11 +68,45 @@ def main(argv: list[str] | None = None) -> int:
 
     from ..models import load_named_model
     from .fit import calibrate
-    from .statistics import format_position_table
 
     text, text_name = read_text(args.text, args.dataset, args.split)
     model, tok, name = load_named_model(args.model, dtype=torch.bfloat16)
-    table = calibrate(
+    try:
+        table = _calibrate(calibrate, model, tok, text, args, text_name, name)
+    except (ValueError, TypeError) as e:  # bad input (too little text, a non-bf16 model...): one line
+        raise SystemExit(f"gaac-calibrate: {e}") from None
+    problems = degenerate(table)
+    if problems and not args.force:
+        raise SystemExit(f"gaac-calibrate: refusing to write a degenerate table ({'; '.join(problems)}): calibrate on "
+                         "real text of this model at the deployment context, or pass --force")
+    table.meta["command"] = "gaac-calibrate " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    out = Path(args.out) if args.out else Path(f"{name.lower()}.safetensors")
+    table.save(out)
+    _report(table, out)
+    return 0
+
+
+#: a table whose own sample compresses below this, or falls back to raw blocks more often, is refused
+MIN_RATIO, MAX_RAW_SHARE = 1.1, 0.05
+
+
+def degenerate(table) -> list[str]:
+    """Why a freshly fitted table is useless (empty if it is not): its own calibration sample barely
+    compresses or often falls back to raw blocks (e.g. windows that cover nothing: all-zero K/V)."""
+    e = table.meta.get("escapes", {})
+    out = []
+    if table.base8.numel() > 1 and bool((table.base8 == table.base8.flatten()[0]).all()):
+        out.append(f"every window starts at exponent {int(table.base8.flatten()[0])}: the K/V it saw were constant "
+                   "(all zero?), not a model's")
+    if e.get("ratio_estimate", MIN_RATIO) < MIN_RATIO:
+        out.append(f"ratio on its own sample {e['ratio_estimate']:.4f}x < {MIN_RATIO}x")
+    if e.get("raw_fallback_share", 0.0) > MAX_RAW_SHARE:
+        out.append(f"{100 * e['raw_fallback_share']:.1f}% raw-fallback blocks > {100 * MAX_RAW_SHARE:.0f}%")
+    return out
+
+
+def _calibrate(calibrate, model, tok, text, args, text_name, name):
+    return calibrate(
         model,
         tok,
         text,
@@ -86,9 +121,10 @@ def main(argv: list[str] | None = None) -> int:
         progress=not args.quiet,
         full_cache=args.full_cache,
     )
-    table.meta["command"] = "gaac-calibrate " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
-    out = Path(args.out) if args.out else Path(f"{name.lower()}.safetensors")
-    table.save(out)
+
+
+def _report(table, out) -> None:
+    from .statistics import format_position_table
 
     m = table.meta
     print(f"model {m['model_name']} (fingerprint {m['fingerprint']}), {m['tokens']} tokens of {m['text']['name']} in {m['chunks']} x {m['context']}")
@@ -104,7 +140,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{kind}: 3-bit {100 * s['3bit']:.2f}%  4-bit {100 * s['4bit']:.2f}%  raw {100 * s['raw']:.3f}% of groups")
     print(format_position_table(m["mode_shares"]["by_position"], f"mode shares by position (first {m['stats_tokens']} tokens)"))
     print(f"wrote {out}")
-    return 0
 
 
 if __name__ == "__main__":

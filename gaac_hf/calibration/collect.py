@@ -109,9 +109,11 @@ def split_chunks(ids: torch.Tensor, context: int, block_size: int = 1) -> torch.
         raise ValueError(f"context ({context}) must be a positive multiple of block_size ({block_size})")
     n = ids.numel() // context
     if n == 0:
+        fit = ids.numel() // block_size * block_size
+        smaller = f" or --context {fit} (the most this text fills)" if fit else ""
         raise ValueError(
-            f"the text has {ids.numel()} tokens, fewer than one context of {context}: "
-            "use a longer text or a smaller --context"
+            f"the calibration text has {ids.numel()} tokens but one context needs {context}: "
+            f"give at least {context} tokens of text{smaller}"
         )
     return ids[: n * context].reshape(n, context)
 

@@ -26,6 +26,16 @@ def _text_config(config):
     return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
+def _difference(key: str, have, want) -> str:
+    """One field of a table/model mismatch; for lists only the count and the first differing entry."""
+    if isinstance(have, list) and isinstance(want, list):
+        if len(have) != len(want):
+            return f"{key}: table {len(have)} entries vs model {len(want)}"
+        diff = [i for i, (a, b) in enumerate(zip(have, want)) if a != b]
+        return f"{key}: {len(diff)} of {len(have)} differ (first at {diff[0]}: table {have[diff[0]]!r} vs model {want[diff[0]]!r})"
+    return f"{key}: table {have!r} vs model {want!r}"
+
+
 def model_kv_shape(config) -> dict:
     """The facts about a transformers config that a table depends on."""
     c = _text_config(config)
@@ -119,24 +129,22 @@ class CalibrationTable:
         kv_heads: number of kv-heads this process holds (tensor parallel), default all of them.
         """
         want = model_kv_shape(config)
-        have = self.meta.get("kv_shape", {})
-        problems = []
-        for key in ("num_layers", "head_dim", "layer_types", "model_type"):
-            if key in have and have[key] != want[key]:
-                problems.append(f"{key}: table {have[key]!r} vs model {want[key]!r}")
-        if self.num_layers != want["num_layers"]:
-            problems.append(f"layers: table {self.num_layers} vs model {want['num_layers']}")
-        if self.geometry.head_dim != want["head_dim"]:
-            problems.append(f"head_dim: table {self.geometry.head_dim} vs model {want['head_dim']}")
+        have = dict(self.meta.get("kv_shape", {}))
+        # the tensors' own shape wins over the header where both say it; each field is named once
+        have |= {"num_layers": self.num_layers, "head_dim": self.geometry.head_dim}
         heads = kv_heads if kv_heads is not None else want["num_kv_heads"]
+        problems = [_difference(key, have[key], want[key])
+                    for key in ("num_layers", "head_dim", "layer_types", "model_type")
+                    if key in have and have[key] != want[key]]
         if self.num_kv_heads != heads:
-            problems.append(f"kv heads: table {self.num_kv_heads} vs model {heads}")
+            problems.append(f"num_kv_heads: table {self.num_kv_heads} vs model {heads}")
         fp = self.meta.get("fingerprint")
         if not problems and fp is not None and kv_heads is None and fp != config_fingerprint(config):
             problems.append(f"config fingerprint: table {fp} vs model {config_fingerprint(config)} (rope or shape differ)")
         if problems:
             name = self.meta.get("model_name", "?")
-            raise ValueError(f"calibration table for {name!r} does not fit this model: " + "; ".join(problems))
+            raise ValueError(f"calibration table for {name!r} does not fit this model: " + "; ".join(problems)
+                             + " (make a table for this model with gaac-calibrate)")
 
     # -- storage ---------------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
@@ -167,14 +175,31 @@ class CalibrationTable:
             raise ValueError(f"{path} is not a GAAC calibration table (safetensors): {e}") from e
         if "gaac" not in md or set(tensors) != {"base8", "base16"}:
             raise ValueError(f"{path} is not a GAAC calibration table (missing 'gaac' header or base tensors)")
-        header = json.loads(md["gaac"])
+        header = _parse_header(path, md["gaac"])
         if header.get("format_version") != FORMAT_VERSION:
             hint = f"; convert it with gaac_hf.calibration.upgrade_table_file({str(path)!r})" if header.get("format_version") == 1 else ""
             raise ValueError(
                 f"{path} has GAAC format version {header.get('format_version')}; this gaac-hf reads {FORMAT_VERSION}{hint}"
             )
-        geometry = BlockGeometry.from_dict(header["geometry"])
+        try:
+            geometry = BlockGeometry.from_dict(header["geometry"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{path}: header field 'gaac.geometry' is missing or invalid ({e!r})") from None
         return cls(tensors["base8"].to(device), tensors["base16"].to(device), geometry, header.get("meta", {}))
+
+
+def _parse_header(path, text) -> dict:
+    """The JSON header of a table file (safetensors metadata field ``gaac``), or an error naming both."""
+    if text is None:
+        raise ValueError(f"{path}: no header field 'gaac' in the safetensors metadata: not a GAAC calibration table")
+    try:
+        header = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: header field 'gaac' is not valid JSON ({e.msg} at character {e.pos}); "
+                         "the file is damaged: re-create it with gaac-calibrate") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{path}: header field 'gaac' must be a JSON object, got {type(header).__name__}")
+    return header
 
 
 def upgrade_table_file(path: str | Path, out: str | Path | None = None) -> Path:
@@ -188,7 +213,7 @@ def upgrade_table_file(path: str | Path, out: str | Path | None = None) -> Path:
 
     path = Path(path)
     with safe_open(str(path), framework="pt") as f:
-        header = json.loads((f.metadata() or {})["gaac"])
+        header = _parse_header(path, (f.metadata() or {}).get("gaac"))
         tensors = {k: f.get_tensor(k) for k in f.keys()}
     version = header.get("format_version")
     if version == FORMAT_VERSION:
