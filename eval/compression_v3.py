@@ -82,7 +82,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="default: eval/results/compression_<name>_v3.json")
     args = ap.parse_args(argv)
 
-    from gaac_hf.collect import run_chunks, split_chunks, tokenize
+    from gaac_hf.calibration.collect import run_chunks, split_chunks, tokenize
     from gaac_hf.models import load_named_model
 
     t0 = time.time()

@@ -101,7 +101,7 @@ def test_adversarial_blocks(driver, tmp_path, head_dim):
 @pytest.mark.slow
 def test_real_smollm2_kv(driver, tmp_path, smollm2, wikitext_test):
     from gaac_hf.calibration import choose_windows, exponent_histogram
-    from gaac_hf.collect import run_chunks, tokenize
+    from gaac_hf.calibration.collect import run_chunks, tokenize
 
     model, tok = smollm2
     ids = tokenize(tok, wikitext_test, 512)[None, :512]
