@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from gaac_hf.format import BlockGeometry
+from gaac_hf.format.v3 import GeometryV3
 
 
 @dataclass(frozen=True)
@@ -63,16 +64,61 @@ class PagedTensor:
 
 
 @dataclass(frozen=True)
-class PagedKV:
-    """One layer's K and V as attention kernels read them (shapes in the module docstring)."""
+class PagedTensorV3:
+    """One kind (K or V) of one layer stored in format v3 (``docs/FORMAT_V3.md``)::
 
-    k: PagedTensor
-    v: PagedTensor
+        pool    uint8 [P]                  v3 blocks at 16-byte aligned offsets (P >= GUARD_BYTES past
+                                           the end of the last block: vector loads may read up to
+                                           GUARD_BYTES beyond a block's last byte, never past P)
+        table   int64 [B, Hkv, max_blocks] block-table entries: byte offset in ``pool`` | ENTRY_RAW (1)
+                                           when the block is stored as BF16 (row-major [T, D], 2*T*D bytes)
+        tail    bf16  [B, Hkv, T, D]       the incomplete last block, uncompressed
+        b8p     int32 [Hkv, D/2]           pre-shifted base8 pair constants (core.cuh ``pair_const``)
+        dbp     int32 [Hkv, D/2]           pre-shifted (base16 - base8) mod 256 pair constants
+
+    Build with :meth:`from_bases` from the layer's uint8 ``base8`` / ``base16`` ``[Hkv, D]``.
+    """
+
+    GUARD_BYTES = 256
+
+    pool: torch.Tensor
+    table: torch.Tensor
+    tail: torch.Tensor
+    b8p: torch.Tensor
+    dbp: torch.Tensor
+
+    @staticmethod
+    def pair_constants(base8: torch.Tensor, base16: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(b8p, dbp) int32 ``[..., D/2]`` from uint8 bases ``[..., D]``: channel 2p's 8 bits at bits
+        7-14, channel 2p+1's at bits 23-30 (the exponent fields of a BF16 pair word)."""
+        b8, b16 = base8.to(torch.int64), base16.to(torch.int64)
+        pc = lambda v: ((v[..., 0::2] & 0xFF) << 7) | ((v[..., 1::2] & 0xFF) << 23)  # noqa: E731
+        to32 = lambda v: (v - ((v >> 31) << 32)).to(torch.int32).contiguous()  # noqa: E731
+        return to32(pc(b8)), to32(pc((b16 - b8) & 0xFF))
+
+    @classmethod
+    def from_bases(cls, pool, table, tail, base8: torch.Tensor, base16: torch.Tensor) -> "PagedTensorV3":
+        b8p, dbp = cls.pair_constants(base8.to(pool.device), base16.to(pool.device))
+        return cls(pool, table, tail, b8p, dbp)
+
+
+@dataclass(frozen=True)
+class PagedKV:
+    """One layer's K and V as attention kernels read them (shapes in the module docstring). K and V
+    are both :class:`PagedTensor` with a v2 :class:`BlockGeometry`, or both :class:`PagedTensorV3`
+    with a :class:`GeometryV3`; ``num_blocks`` / ``tail_len`` / ``kv_start`` mean the same in both."""
+
+    k: PagedTensor | PagedTensorV3
+    v: PagedTensor | PagedTensorV3
     num_blocks: torch.Tensor
     tail_len: torch.Tensor
-    geometry: BlockGeometry
+    geometry: BlockGeometry | GeometryV3
     kv_start: torch.Tensor | None = None
     active_blocks: int | None = None
+
+    @property
+    def format_version(self) -> int:
+        return 3 if isinstance(self.k, PagedTensorV3) else 2
 
 
 @dataclass(frozen=True)
