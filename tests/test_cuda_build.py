@@ -97,3 +97,34 @@ def test_launch_config_defaults_fit_shared_memory():
     with pytest.raises(ValueError, match="shared memory"):
         plan(1, 1, 4, 64, 256, 4096, None, LaunchConfig(num_warps=8, num_splits=1))
     assert LaunchConfig().num_warps is None
+
+
+# ---- the fused GAAC v3 kernel (decode_attention_v3.cu) ----
+FUSED_CONFIGS = [(64, 3), (128, 4), (256, 4), (128, 16)]  # (head_dim, query heads per kv head): the tuned shapes + two n-tiles
+
+
+@pytest.mark.parametrize("d,g", FUSED_CONFIGS)
+def test_fused_kernel_compiles_without_spills(tmp_path, monkeypatch, d, g):
+    """At the planner's defaults, and at the CTAs-per-SM it picks for a one-wave grid (the register cap)."""
+    from gaac_hf.kernels.cuda import attention as A
+    from gaac_hf.kernels.cuda import fused_attention as F
+
+    monkeypatch.setattr(A, "_sm_count", lambda device: 132)
+    p = F.plan(8 if d < 256 else 1, 1, g, 64, d, 32768 + 64, None, LaunchConfig())
+    out = tmp_path / "k.cubin"
+    res = subprocess.run(runtime.nvcc_command(F.SOURCE, p["defines"], "sm_90a", str(out)), capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    report = runtime.parse_ptxas(res.stdout + res.stderr)
+    assert set(report) == {"gaac_v3_decode_split"}
+    assert runtime.resource_problems(report, 65536 // (p["threads"] * p["defines"]["MIN_CTAS_PER_SM"])) == []
+    need = (F._REGS_NEEDED if g <= 8 else F._REGS_NEEDED_G16)[d]
+    assert report["gaac_v3_decode_split"]["registers"] <= need, "the planner's register table is out of date"
+
+
+def test_fused_kernel_refuses_other_head_dims(tmp_path):
+    from gaac_hf.kernels.cuda import fused_attention as F
+
+    cmd = runtime.nvcc_command(F.SOURCE, dict(HEAD_DIM=80, QUERY_GROUP=4, PAGE=64, WARPS=4, STAGES=2), "sm_90a",
+                               str(tmp_path / "k.cubin"))
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode != 0 and "64, 128 or 256" in res.stdout + res.stderr

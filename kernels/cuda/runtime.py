@@ -72,9 +72,10 @@ def _headers_digest() -> str:
 
 
 def _include_dirs(source: str) -> list[str]:
-    """``include/`` plus the source's own folder (for its neighbour headers, e.g. gaac_v3/core.cuh)."""
+    """``include/`` plus the source's own folder (its neighbour headers: ``gaac_v3/core.cuh`` from this
+    folder, ``core.cuh`` from inside ``gaac_v3/``)."""
     own = (HERE / source).parent
-    return [str(INCLUDE)] + ([str(own)] if own != HERE else [])
+    return [str(INCLUDE), str(own)]
 
 
 def cache_dir() -> pathlib.Path:

@@ -1,0 +1,215 @@
+"""Plan and launch the fused GAAC v3 split-KV decode attention (``decode_attention_v3.cu``).
+
+The kernel reads the cache's v3 blocks (``PagedTensorV3``: a byte pool, int64 block-table entries,
+a BF16 tail, pre-shifted base pair constants) and decodes them in shared memory right before the
+same MMA code the BF16 kernel runs (``include/gaac/attend.cuh``). For the same ``LaunchConfig``
+(warps, splits) its output is bit-identical to :func:`attention.bf16_decode_attention` on the
+decoded K/V: ``tests/test_cuda_fused.py`` checks exactly that, on real and adversarial K/V.
+
+    out = gaac_decode_attention_v3(q, kv, scale=None, launch=None, out=None)   # kv: PagedKV of PagedTensorV3
+
+    q    bf16 [B, Hq, D]    Hq = G * Hkv, D in (64, 128, 256), G <= 16
+    -> out bf16 [B, Hq, D]
+
+No host synchronisation: the grid depends on host integers only (``kv.active_blocks`` or the
+table's capacity), so a call can be captured in a CUDA graph.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from gaac_hf.format.v3 import GeometryV3
+
+from ..paged import LaunchConfig, PagedKV, PagedTensorV3
+from . import runtime
+from .attention import LOG2E, MAX_SMEM, _choose_splits, _counters
+
+SOURCE = "decode_attention_v3.cu"
+HEAD_DIMS = (64, 128, 256)
+
+
+def _slot_bytes(d: int, entry_chunks: int) -> int:
+    return 16 * d + 6 * d + 32 + 16 * entry_chunks
+
+
+def default_entry_chunks(d: int) -> int:
+    """16-byte chunks of entry list staged per (warp, kind, stage): room for d/2 entries, i.e. a quarter of
+    a 16-row slice's 2d groups wide (real K/V: 8-12%); longer lists are read from global memory."""
+    return d // 16 + 1
+
+
+def smem_bytes(d: int, warps: int, stages: int, entry_chunks: int) -> int:
+    ring = stages * warps * 2 * _slot_bytes(d, entry_chunks)
+    decoded = warps * 2 * 16 * (d + 8) * 2
+    return ring + decoded + 4 * d
+
+
+def _default_warps(d: int) -> int:
+    return 4
+
+
+def _default_stages(d: int, warps: int, entry_chunks: int) -> int:
+    # deepest ring that still fits two CTAs per SM (the BF16 kernel's measured optimum is 3 stages at
+    # one CTA per SM; the v3 ring holds ~1.4x fewer bytes per stage)
+    for s in (4, 3, 2):
+        if 2 * (smem_bytes(d, warps, s, entry_chunks) + 1024) <= 228 * 1024:
+            return s
+    return 2
+
+
+def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, max_tokens: int,
+         device, config: LaunchConfig, entry_chunks: int | None = None) -> dict:
+    """Compile-time defines, grid and shared memory for one call (host arithmetic only)."""
+    if config.loader not in (None, "cp.async"):
+        raise ValueError(f"the fused kernel stages compressed tiles with cp.async only, got loader={config.loader!r}")
+    ec = entry_chunks or default_entry_chunks(head_dim)
+    warps = config.num_warps or _default_warps(head_dim)
+    stages = config.num_stages or _default_stages(head_dim, warps, ec)
+    tile = 16 * warps
+    smem = smem_bytes(head_dim, warps, stages, ec)
+    if smem > MAX_SMEM:
+        raise ValueError(f"head_dim {head_dim} with {warps} warps x {stages} stages needs {smem} B of shared memory "
+                         f"per CTA (at most {MAX_SMEM}): use fewer warps or stages")
+    splits = config.num_splits
+    per_sm = config.ctas_per_sm or 1
+    if splits is None:
+        splits, per_sm = _choose_splits(batch * kv_heads, max_tokens, tile, smem, head_dim, device, config,
+                                        regs_needed=_REGS_NEEDED if group <= 8 else _REGS_NEEDED_G16)
+    tps = math.ceil(math.ceil(max_tokens / splits) / tile) * tile
+    splits = max(1, math.ceil(max_tokens / tps))
+    nt8 = 8 * math.ceil(group / 8)
+    smem = max(smem, 4 * (2 * warps * nt8 + warps * nt8 * head_dim), 4 * group * splits)
+    if smem > MAX_SMEM:
+        raise ValueError(f"{splits} splits x {group} heads do not fit the merge in shared memory")
+    defines = dict(HEAD_DIM=head_dim, QUERY_GROUP=group, PAGE=block_size, WARPS=warps, STAGES=stages,
+                   MIN_CTAS_PER_SM=per_sm, ENTRY_CHUNKS=ec)
+    return dict(defines=defines, smem=smem, splits=splits, tokens_per_split=tps, threads=32 * warps)
+
+
+# registers per thread the fused kernel needs (sm_90a ptxas, 4 warps; tests/test_cuda_fused_build.py)
+_REGS_NEEDED = {64: 128, 128: 176, 256: 224}
+_REGS_NEEDED_G16 = {64: 136, 128: 208}
+
+
+def _check(q: torch.Tensor, kv: PagedKV) -> tuple[int, int, int, int, int]:
+    if not isinstance(kv.k, PagedTensorV3) or not isinstance(kv.v, PagedTensorV3):
+        raise TypeError("the fused v3 kernel reads PagedKV of PagedTensorV3 (format v3); a v2 cache uses the "
+                        "Triton kernels (gaac_hf.kernels.triton)")
+    g = kv.geometry
+    if not isinstance(g, GeometryV3):
+        raise TypeError(f"PagedKV.geometry must be GeometryV3, got {type(g).__name__}")
+    if q.dim() != 3 or q.dtype != torch.bfloat16 or not q.is_contiguous():
+        raise ValueError(f"q must be contiguous bfloat16 [B, Hq, D], got {q.dtype} {tuple(q.shape)}")
+    B, HQ, D = q.shape
+    if D != g.head_dim or D not in HEAD_DIMS:
+        raise ValueError(f"the fused kernel takes head_dim in {HEAD_DIMS} (q has {D}, the cache {g.head_dim}); other "
+                         "head_dims decode first (kernels/cuda/codec_v3.py) and attend with the BF16 kernel")
+    T = g.block_size
+    for name, p in (("k", kv.k), ("v", kv.v)):
+        if p.pool.dtype != torch.uint8 or p.pool.dim() != 1:
+            raise ValueError(f"{name}.pool must be uint8 [P], got {p.pool.dtype} {tuple(p.pool.shape)}")
+        if p.table.dtype != torch.int64 or p.table.dim() != 3 or p.table.shape[0] != B or not p.table.is_contiguous():
+            raise ValueError(f"{name}.table must be contiguous int64 [B, Hkv, max_blocks], got {p.table.dtype} "
+                             f"{tuple(p.table.shape)}")
+        if p.tail.dtype != torch.bfloat16 or tuple(p.tail.shape[2:]) != (T, D) or p.tail.shape[0] != B:
+            raise ValueError(f"{name}.tail must be bfloat16 [B, Hkv, {T}, {D}], got {tuple(p.tail.shape)}")
+        for t in (p.b8p, p.dbp):
+            if t.dtype != torch.int32 or tuple(t.shape) != (p.table.shape[1], D // 2) or not t.is_contiguous():
+                raise ValueError(f"{name} pair constants must be int32 [Hkv, {D // 2}], got {t.dtype} {tuple(t.shape)}")
+    HKV = kv.k.table.shape[1]
+    if HQ % HKV or HQ // HKV > 16:
+        raise ValueError(f"query heads ({HQ}) must be a multiple of kv heads ({HKV}), at most 16 per kv head")
+    if D == 256 and HQ // HKV > 8:
+        raise ValueError(f"head_dim 256 takes at most 8 query heads per kv head in the fused kernel (got "
+                         f"{HQ // HKV}): more would spill registers")
+    if kv.k.table.shape != kv.v.table.shape:
+        raise ValueError("K and V block tables must have the same shape")
+    return B, HQ, HKV, T, D
+
+
+def gaac_decode_attention_v3(q: torch.Tensor, kv: PagedKV, *, scale: float | None = None,
+                             launch: LaunchConfig | None = None, out: torch.Tensor | None = None,
+                             entry_chunks: int | None = None) -> torch.Tensor:
+    """Decode attention over a v3 GAAC cache, compressed blocks decoded on the fly. Shapes in the module doc."""
+    B, HQ, HKV, T, D = _check(q, kv)
+    config = launch or LaunchConfig()
+    max_blocks = kv.k.table.shape[2]
+    blocks = max_blocks if kv.active_blocks is None else min(int(kv.active_blocks), max_blocks)
+    p = plan(B, HKV, HQ // HKV, T, D, blocks * T + T, q.device, config, entry_chunks)
+    mod = runtime.load(SOURCE, p["defines"], q.device)
+    if out is None:
+        out = torch.empty_like(q)
+    splits = p["splits"]
+    if splits > 1:
+        part_o = torch.empty(B, HQ, splits, D, device=q.device, dtype=torch.float32)
+        part_lse = torch.empty(B, HQ, splits, device=q.device, dtype=torch.float32)
+    else:
+        part_o = part_lse = None
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    k, v = kv.k, kv.v
+    runtime.launch(mod, "gaac_v3_decode_split", (splits, HKV, B), (p["threads"],), p["smem"],
+                   q, k.pool, v.pool, k.table, v.table, k.tail, v.tail, k.b8p, k.dbp, v.b8p, v.dbp,
+                   kv.num_blocks, kv.tail_len, kv.kv_start, part_o, part_lse, out, _counters(q.device, B * HKV),
+                   np.int32(HKV), np.int32(max_blocks), np.int32(p["tokens_per_split"]), np.float32(scale * LOG2E),
+                   device=q.device)
+    return out
+
+
+def pack_paged_v3(k: torch.Tensor, v: torch.Tensor, seq_lens: list[int], block_size: int, bases: torch.Tensor, *,
+                  shuffle: bool = True, generator: torch.Generator | None = None, encoder=None,
+                  guard_fill: int = 0xA5) -> PagedKV:
+    """Dense bf16 K/V ``[B, Hkv, S, D]`` (sequence b valid in ``[:seq_lens[b]]``) -> a v3 ``PagedKV``.
+
+    bases: uint8 ``[2, 2, Hkv, D]`` = (K, V) x (base8, base16) windows per kv head. Every complete
+    block is encoded (``encoder(x [N, T, D], base8 [N, D], base16 [N, D], geometry)`` -> EncodedBlocksV3;
+    default: the CUDA encoder for CUDA tensors, the reference otherwise) and packed into one pool per
+    kind, in a shuffled order when ``shuffle`` (the block table's indirection is exercised); blocks
+    that do not fit are stored as BF16 (entry | 1). The pool ends with ``GUARD_BYTES`` of
+    ``guard_fill`` (bytes a kernel may load but must never use). The rest of each sequence goes to its tail.
+    """
+    from gaac_hf.codec.v3 import EncodedBlocksV3, encode_blocks_v3, pack_blocks
+
+    B, H, S, D = k.shape
+    T = block_size
+    g = GeometryV3(block_size=T, head_dim=D)
+    dev = k.device
+    if encoder is None:
+        if dev.type == "cuda":
+            from .codec_v3 import encode_blocks_cuda as encoder
+        else:
+            encoder = encode_blocks_v3
+    nbs = [n // T for n in seq_lens]
+    maxb = max(1, max(nbs))
+    n = sum(H * nb for nb in nbs)
+    heads = torch.cat([torch.arange(H, device=dev).repeat_interleave(nb) for nb in nbs]) if n else None
+    order = torch.randperm(n, generator=generator, device="cpu").to(dev) if shuffle and n else torch.arange(n, device=dev)
+    kinds = []
+    for kind, x in enumerate((k, v)):
+        blocks = torch.cat([x[b, :, : nbs[b] * T].reshape(H * nbs[b], T, D) for b in range(B)]) if n else None
+        table = torch.zeros(B, H, maxb, dtype=torch.int64, device=dev)
+        if n:
+            b8, b16 = bases[kind, 0][heads], bases[kind, 1][heads]
+            enc = encoder(blocks, b8, b16, g)
+            sel = lambda t: t[order] if t.numel() else t  # noqa: E731
+            pool, ent_sorted = pack_blocks(EncodedBlocksV3(enc.data[order], enc.nbytes[order], enc.fits[order],
+                                                           sel(enc.modes)), blocks[order])
+            entries = torch.empty_like(ent_sorted)
+            entries[order] = ent_sorted  # block j (in (b, h, i) order) lives at entries[j]
+            j = 0
+            for b in range(B):
+                table[b, :, : nbs[b]] = entries[j: j + H * nbs[b]].reshape(H, nbs[b])
+                j += H * nbs[b]
+        else:
+            pool = torch.zeros(0, dtype=torch.uint8, device=dev)
+        pool = torch.cat([pool, torch.full((PagedTensorV3.GUARD_BYTES,), guard_fill, dtype=torch.uint8, device=dev)])
+        tail = torch.zeros(B, H, T, D, dtype=torch.bfloat16, device=dev)
+        for b in range(B):
+            r = seq_lens[b] - nbs[b] * T
+            tail[b, :, :r] = x[b, :, nbs[b] * T: seq_lens[b]]
+        kinds.append(PagedTensorV3.from_bases(pool, table, tail, bases[kind, 0], bases[kind, 1]))
+    i32 = dict(dtype=torch.int32, device=dev)
+    return PagedKV(kinds[0], kinds[1], torch.tensor(nbs, **i32),
+                   torch.tensor([s - nb * T for s, nb in zip(seq_lens, nbs)], **i32), g)
