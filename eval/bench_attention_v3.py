@@ -89,7 +89,7 @@ class Case:
         config = config or LaunchConfig()
         p = plan(self.B, self.hkv, self.hq // self.hkv, T, self.d, self.kv.k.table.shape[2] * T + T, self.q.device, config)
         a = self.gaac(config)().clone()
-        b = self.cuda(LaunchConfig(num_splits=p["splits"], num_warps=p["threads"] // 32))().clone()
+        b = self.cuda(LaunchConfig(num_splits=p["splits"], num_warps=p["warps"]))().clone()
         return bool(torch.equal(a.view(torch.int16), b.view(torch.int16)))
 
 
@@ -108,16 +108,18 @@ def _try(name, make, ref=None):
         return None, None
 
 
-SWEEP = [dict(num_warps=w, num_stages=s, ctas_per_sm=c) for w in (4, 8) for s in (2, 3, 4) for c in (1, 2)]
+SWEEP = [dict(num_warps=w, num_stages=s, ctas_per_sm=c) for w in (1, 2, 4) for s in (2, 3) for c in (1, 2, 3, 4)]
 
 
 def sweep(case):
     from gaac_hf.kernels import LaunchConfig
-    from gaac_hf.kernels.cuda.fused_attention import default_entry_chunks, smem_bytes
+    from gaac_hf.kernels.cuda.fused_attention import smem_bytes, threads_of
 
     rows = []
     for kw in SWEEP:
-        if (smem_bytes(case.d, kw["num_warps"], kw["num_stages"], default_entry_chunks(case.d)) + 1024) * kw["ctas_per_sm"] > 228 * 1024:
+        if (smem_bytes(case.d, kw["num_warps"], kw["num_stages"]) + 1024) * kw["ctas_per_sm"] > 228 * 1024:
+            continue
+        if threads_of(case.d, kw["num_warps"]) * kw["ctas_per_sm"] > 1024:
             continue
         us, _ = _try(f"gaac {kw}", lambda: case.gaac(LaunchConfig(**kw)))
         rows.append(dict(config=kw, us=us))

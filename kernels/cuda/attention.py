@@ -124,7 +124,8 @@ _REGS_NEEDED = {64: 96, 128: 128, 256: 208}
 
 
 def _choose_splits(streams: int, max_tokens: int, tile: int, smem: int, head_dim: int, device,
-                   config: LaunchConfig, regs_needed: dict | None = None) -> tuple[int, int]:
+                   config: LaunchConfig, regs_needed: dict | None = None,
+                   threads: int | None = None) -> tuple[int, int]:
     """(splits, CTAs per SM) filling one wave as fully as possible.
 
     With ``streams`` = B * Hkv (sequence, kv head) pairs and ``splits`` each, the grid has
@@ -136,7 +137,7 @@ def _choose_splits(streams: int, max_tokens: int, tile: int, smem: int, head_dim
     """
     sms = _sm_count(device)
     cap = max(1, max_tokens // max(MIN_TOKENS_PER_SPLIT, tile))
-    threads = 2 * tile  # 32 * warps
+    threads = threads or 2 * tile  # 32 * warps (the fused kernel adds its producer warps)
     need = next((r for d, r in sorted((regs_needed or _REGS_NEEDED).items()) if head_dim <= d), 255)
     best = None
     for per_sm in ([config.ctas_per_sm] if config.ctas_per_sm else [1, 2, 3, 4]):

@@ -31,45 +31,42 @@ SOURCE = "decode_attention_v3.cu"
 HEAD_DIMS = (64, 128, 256)
 
 
-def _slot_bytes(d: int, entry_chunks: int) -> int:
-    return 16 * d + 6 * d + 32 + 16 * entry_chunks
+def producers_per_consumer(d: int) -> int:
+    """Producer warps per consumer warp: each decodes at most 2 segments (2,048 values) of the
+    consumer's 16 rows (16 * d values), so d = 256 takes two."""
+    return max(1, d // 128)
 
 
-def default_entry_chunks(d: int) -> int:
-    """16-byte chunks of entry list staged per (warp, kind, stage): room for d/2 entries, i.e. a quarter of
-    a 16-row slice's 2d groups wide (real K/V: 8-12%); longer lists are read from global memory."""
-    return d // 16 + 1
+def smem_bytes(d: int, warps: int, dec_stages: int) -> int:
+    """The decoded ring ([dec_stages][warps][K, V][16 rows x (d + 8)] BF16) and the (base16 - base8) pairs."""
+    return dec_stages * warps * 2 * 16 * (d + 8) * 2 + 4 * d
 
 
-def smem_bytes(d: int, warps: int, stages: int, entry_chunks: int) -> int:
-    ring = stages * warps * 2 * _slot_bytes(d, entry_chunks)
-    decoded = warps * 2 * 16 * (d + 8) * 2
-    return ring + decoded + 4 * d
+def threads_of(d: int, warps: int) -> int:
+    return 32 * warps * (1 + producers_per_consumer(d))
 
 
-def _default_warps(d: int) -> int:
-    return 4
-
-
-def _default_stages(d: int, warps: int, entry_chunks: int) -> int:
-    # deepest ring that still fits two CTAs per SM (the BF16 kernel's measured optimum is 3 stages at
-    # one CTA per SM; the v3 ring holds ~1.4x fewer bytes per stage)
-    for s in (4, 3, 2):
-        if 2 * (smem_bytes(d, warps, s, entry_chunks) + 1024) <= 228 * 1024:
-            return s
-    return 2
+# registers per thread under which the kernel spills (sm_90a ptxas, 2 consumer warps, measured by
+# capping with MIN_CTAS_PER_SM); a CTAs-per-SM choice must leave them (tests/test_cuda_build.py)
+_REGS_NEEDED = {64: 122, 128: 167, 256: 165}
+_REGS_NEEDED_G16 = {64: 136, 128: 180}
+DEFAULT_WARPS = 2      # consumer warps (the BF16 twin's warps for bit identity)
+DEFAULT_DEC_STAGES = 2
 
 
 def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, max_tokens: int,
-         device, config: LaunchConfig, entry_chunks: int | None = None) -> dict:
-    """Compile-time defines, grid and shared memory for one call (host arithmetic only)."""
+         device, config: LaunchConfig) -> dict:
+    """Compile-time defines, grid and shared memory for one call (host arithmetic only).
+
+    ``config.num_warps``: consumer warps (the producers come on top, :func:`producers_per_consumer`);
+    ``config.num_stages``: depth of the decoded ring."""
     if config.loader not in (None, "cp.async"):
-        raise ValueError(f"the fused kernel stages compressed tiles with cp.async only, got loader={config.loader!r}")
-    ec = entry_chunks or default_entry_chunks(head_dim)
-    warps = config.num_warps or _default_warps(head_dim)
-    stages = config.num_stages or _default_stages(head_dim, warps, ec)
+        raise ValueError(f"the fused kernel loads compressed tiles itself; loader={config.loader!r} does not apply")
+    warps = config.num_warps or DEFAULT_WARPS
+    stages = config.num_stages or DEFAULT_DEC_STAGES
     tile = 16 * warps
-    smem = smem_bytes(head_dim, warps, stages, ec)
+    threads = threads_of(head_dim, warps)
+    smem = smem_bytes(head_dim, warps, stages)
     if smem > MAX_SMEM:
         raise ValueError(f"head_dim {head_dim} with {warps} warps x {stages} stages needs {smem} B of shared memory "
                          f"per CTA (at most {MAX_SMEM}): use fewer warps or stages")
@@ -77,21 +74,16 @@ def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, 
     per_sm = config.ctas_per_sm or 1
     if splits is None:
         splits, per_sm = _choose_splits(batch * kv_heads, max_tokens, tile, smem, head_dim, device, config,
-                                        regs_needed=_REGS_NEEDED if group <= 8 else _REGS_NEEDED_G16)
+                                        regs_needed=_REGS_NEEDED if group <= 8 else _REGS_NEEDED_G16, threads=threads)
     tps = math.ceil(math.ceil(max_tokens / splits) / tile) * tile
     splits = max(1, math.ceil(max_tokens / tps))
     nt8 = 8 * math.ceil(group / 8)
     smem = max(smem, 4 * (2 * warps * nt8 + warps * nt8 * head_dim), 4 * group * splits)
     if smem > MAX_SMEM:
         raise ValueError(f"{splits} splits x {group} heads do not fit the merge in shared memory")
-    defines = dict(HEAD_DIM=head_dim, QUERY_GROUP=group, PAGE=block_size, WARPS=warps, STAGES=stages,
-                   MIN_CTAS_PER_SM=per_sm, ENTRY_CHUNKS=ec)
-    return dict(defines=defines, smem=smem, splits=splits, tokens_per_split=tps, threads=32 * warps)
-
-
-# registers per thread the fused kernel needs (sm_90a ptxas, 4 warps; tests/test_cuda_fused_build.py)
-_REGS_NEEDED = {64: 128, 128: 176, 256: 224}
-_REGS_NEEDED_G16 = {64: 136, 128: 208}
+    defines = dict(HEAD_DIM=head_dim, QUERY_GROUP=group, PAGE=block_size, WARPS=warps, DEC_STAGES=stages,
+                   MIN_CTAS_PER_SM=per_sm)
+    return dict(defines=defines, smem=smem, splits=splits, tokens_per_split=tps, threads=threads, warps=warps)
 
 
 def _check(q: torch.Tensor, kv: PagedKV) -> tuple[int, int, int, int, int]:
@@ -131,14 +123,13 @@ def _check(q: torch.Tensor, kv: PagedKV) -> tuple[int, int, int, int, int]:
 
 
 def gaac_decode_attention_v3(q: torch.Tensor, kv: PagedKV, *, scale: float | None = None,
-                             launch: LaunchConfig | None = None, out: torch.Tensor | None = None,
-                             entry_chunks: int | None = None) -> torch.Tensor:
+                             launch: LaunchConfig | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """Decode attention over a v3 GAAC cache, compressed blocks decoded on the fly. Shapes in the module doc."""
     B, HQ, HKV, T, D = _check(q, kv)
     config = launch or LaunchConfig()
     max_blocks = kv.k.table.shape[2]
     blocks = max_blocks if kv.active_blocks is None else min(int(kv.active_blocks), max_blocks)
-    p = plan(B, HKV, HQ // HKV, T, D, blocks * T + T, q.device, config, entry_chunks)
+    p = plan(B, HKV, HQ // HKV, T, D, blocks * T + T, q.device, config)
     mod = runtime.load(SOURCE, p["defines"], q.device)
     if out is None:
         out = torch.empty_like(q)

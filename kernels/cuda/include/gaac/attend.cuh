@@ -159,14 +159,17 @@ struct Output {
 // at least 4 * (2 * W * NT * 8 + W * NT * 8 * D) and 4 * G * splits bytes), write the CTA's result,
 // and when splits > 1 let the last CTA of this (sequence, kv head) merge every split in the same
 // launch (threadFenceReduction pattern; the counter returns to zero for the next call and for
-// CUDA-graph replays). Every thread of the CTA calls this.
-__device__ __forceinline__ void finish(const WarpState& st, unsigned char* smem, const Output& dst) {
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+// CUDA-graph replays). Every thread of the CTA calls this: the W warps holding softmax states
+// (warps 0 .. W-1) and, in a warp-specialised kernel, `nthreads - THREADS` more that help merge.
+__device__ __forceinline__ void finish(const WarpState& st, unsigned char* smem, const Output& dst,
+                                       int nthreads = THREADS) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = nthreads >> 5;
   const int g = lane >> 2, t4 = lane & 3;
   const int splits = dst.splits, split = dst.split;
   float* sm_m = reinterpret_cast<float*>(smem);  // [W][NT*8]
   float* sm_l = sm_m + W * NT * 8;               // [W][NT*8]
   float* sm_o = sm_l + W * NT * 8;               // [W][NT*8][D]
+  if (warp < W) {
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
@@ -190,9 +193,10 @@ __device__ __forceinline__ void finish(const WarpState& st, unsigned char* smem,
       base[D + 8] = st.o[m][nt][3];
     }
   }
+  }
   __syncthreads();
 
-  for (int i = tid; i < G * D; i += THREADS) {
+  for (int i = tid; i < G * D; i += nthreads) {
     const int head = i / D, d = i % D;
     float mx = GAAC_NEG_INF;
 #pragma unroll
@@ -232,10 +236,10 @@ __device__ __forceinline__ void finish(const WarpState& st, unsigned char* smem,
   __threadfence();
   // weights of the splits per head in shared memory (the host sizes it to hold G * splits floats)
   float* wts = reinterpret_cast<float*>(smem);
-  for (int i = tid; i < G * splits; i += THREADS) wts[i] = __ldcg(dst.part_lse + dst.row0 * splits + i);
+  for (int i = tid; i < G * splits; i += nthreads) wts[i] = __ldcg(dst.part_lse + dst.row0 * splits + i);
   __syncthreads();
   // one warp per head: lanes over the splits (max, then the normalised weights)
-  for (int head = warp; head < G; head += W) {
+  for (int head = warp; head < G; head += nwarps) {
     float* w = wts + head * splits;
     float mx = GAAC_NEG_INF;
     for (int s2 = lane; s2 < splits; s2 += 32) mx = fmaxf(mx, w[s2]);
@@ -255,7 +259,7 @@ __device__ __forceinline__ void finish(const WarpState& st, unsigned char* smem,
   __syncthreads();
   // one thread per (head, 4 channels): float4 loads of every split's partial, many in flight
   constexpr int D4 = D / 4;
-  for (int i = tid; i < G * D4; i += THREADS) {
+  for (int i = tid; i < G * D4; i += nthreads) {
     const int head = i / D4, d4 = i % D4;
     const float* w = wts + head * splits;
     const float4* po = reinterpret_cast<const float4*>(dst.part_o + (dst.row0 + head) * splits * D) + d4;
