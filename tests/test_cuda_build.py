@@ -127,7 +127,8 @@ def test_fused_register_table_matches_ptxas(tmp_path, d):
 
     threads = F.threads_of(d, F.DEFAULT_WARPS)
     per_sm = max(p for p in (1, 2, 3, 4) if 65536 // (threads * p) >= F._REGS_NEEDED[d])
-    defines = dict(HEAD_DIM=d, QUERY_GROUP=4, PAGE=64, WARPS=F.DEFAULT_WARPS, DEC_STAGES=2, MIN_CTAS_PER_SM=per_sm)
+    defines = dict(HEAD_DIM=d, QUERY_GROUP=4, PAGE=64, WARPS=F.DEFAULT_WARPS, STAGES=F.default_stages(d, F.DEFAULT_WARPS),
+                   MIN_CTAS_PER_SM=per_sm)
     out = tmp_path / "k.cubin"
     res = subprocess.run(runtime.nvcc_command(F.SOURCE, defines, "sm_90a", str(out)), capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-3000:]

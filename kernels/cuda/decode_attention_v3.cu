@@ -10,17 +10,19 @@
 // 16c .. 16c + 15 of every TILE = 16 * WARPS rows (as the BF16 kernel's warp c does); PPC producer
 // warps per consumer (1, or 2 at d = 256), each owning at most 2 segments (1,024 values each) of that
 // consumer's 16 rows. A producer, per tile:
-//   loads (registers, one tile ahead): its segments' sign/mantissa bytes and code words, and the
-//     32-bit words of their entry list (sized from the segment-table words, loaded two tiles ahead;
-//     the block-table entry three tiles ahead), so no load waits on the previous one in the loop;
-//   decodes (core.cuh): main path one chunk per lane per segment (no branch), then the entry list,
+//   copies (cp.async, STAGES - 1 tiles ahead: a decode kernel needs ~80 KB in flight per SM at the
+//     H200's loaded latency, more than registers can hold): its segments' sign/mantissa bytes and
+//     code words, the chunks of their segment-table words and of their entry list (sized from the
+//     segment-table words loaded one stage earlier, the block-table entry one stage before that);
+//   decodes from shared memory (core.cuh): main path one chunk per lane per segment, then the entry list,
 //     one lane per wide group (raw words from global memory when a ballot sees one);
 //   writes the BF16 rows into decoded slot it % DEC_STAGES and arrives on its `full` barrier.
 // BF16-stored blocks (entry | 1) and the BF16 tail are copied row by row from global memory.
 //
 // Compile-time parameters (-D): HEAD_DIM (64, 128 or 256), PAGE (block size T: a power of two
-// >= 16), QUERY_GROUP (query heads per kv head), WARPS (consumer warps), DEC_STAGES (decoded ring
-// depth, >= 2), MIN_CTAS_PER_SM (default 1). STAGES is accepted and unused (the launcher's knob name).
+// >= 16), QUERY_GROUP (query heads per kv head), WARPS (consumer warps), STAGES (compressed ring
+// depth, >= 2), DEC_STAGES (decoded ring depth, >= 2), ENTRY_CHUNKS (16-byte chunks of entry list
+// staged per producer, kind and stage; longer lists are read from global memory), MIN_CTAS_PER_SM.
 
 // core.cuh first: it has a constant named GROUP (8 channels), so the query-group size arrives as
 // QUERY_GROUP and becomes attend.cuh's GROUP only after it.
@@ -37,6 +39,12 @@
 #endif
 #ifndef DEC_STAGES
 #define DEC_STAGES 2
+#endif
+#ifndef STAGES
+#define STAGES 4
+#endif
+#ifndef ENTRY_CHUNKS  // 16-byte chunks of entry list staged per producer, kind and stage
+#define ENTRY_CHUNKS (4 * (HEAD_DIM < 128 ? 1 : 2) + 1)
 #endif
 
 namespace {
@@ -63,6 +71,14 @@ constexpr int CODE_OFF = N;
 constexpr int SEGTAB_OFF = N + 12 * (N / 32);
 constexpr int ENTRY_OFF = SEGTAB_OFF + 4 * (SEGS + 1);
 constexpr int DEC = 16 * ROW;                 // b16 elements of one decoded 16-row buffer
+constexpr int S = STAGES;                     // compressed ring depth (S - 1 stages in flight)
+constexpr int SMB = 1024 * PSEG;              // sign/mantissa bytes of a producer's segments
+constexpr int CWB = 384 * PSEG;               // their code words
+constexpr int SEGB = 32;                      // two chunks around their segment-table words
+constexpr int ENC = ENTRY_CHUNKS;
+constexpr int SLOT = SMB + CWB + SEGB + 16 * ENC;  // bytes per (stage, producer, kind)
+static_assert(S >= 2, "STAGES must be >= 2");
+static_assert(ENC >= 1 && ENC <= 32, "ENTRY_CHUNKS must be 1..32 (one chunk per lane)");
 
 static_assert(D == 64 || D == 128 || D == 256, "the fused kernel takes HEAD_DIM 64, 128 or 256");
 static_assert(T >= 16 && (T & (T - 1)) == 0, "PAGE must be a power of two >= 16 (format v3)");
@@ -84,84 +100,85 @@ __device__ __forceinline__ i64 lookup(const i64* table, int nb, int tok0) {
   return blk < nb ? __ldg(table + blk) : TAIL;
 }
 
-// One kind's compressed data of a producer's segments, in registers: lane = chunk `lane` of each
-// segment; ent = 32-bit word `lane` of the segments' entry list window starting at byte a0.
-struct Regs {
-  uint4 sm[PSEG][2];
-  u32 cw[PSEG][3];
-  u32 ent;
-};
+__device__ __forceinline__ u32 lds32(const void* p) { return *reinterpret_cast<const u32*>(p); }
 
-// Segment-table words of a producer's segments: lane l <= PSEG holds word s0 + l.
-__device__ __forceinline__ u32 load_seg(const u8* pool, i64 e, int s0, int lane) {
-  return compressed(e) && lane <= PSEG ? ldg32(pool + e + SEGTAB_OFF + 4 * (s0 + lane)) : 0u;
+// The segment-table words (first, last) of a producer's segments; every lane loads the same two.
+struct SegWords {
+  u32 lo, hi;
+};
+__device__ __forceinline__ SegWords seg_words(const u8* pool, i64 e, int s0) {
+  if (!compressed(e)) return {0u, 0u};
+  const u8* st = pool + e + SEGTAB_OFF + 4 * s0;
+  return {ldg32(st), ldg32(st + 4 * PSEG)};
 }
 
-// The entry-list window of the segments: 32-bit words [a0, a0 + 4 * nw) of the block.
-struct Window {
-  int e0, n, a0;
-  bool over;  // more than 32 words: read entries from global memory at decode time
+// The staged entry chunks of the segments: [a0, a0 + 16 * nch) of the block, or `over` when they do not fit.
+struct EntryWindow {
+  int a0, nch;
+  bool over;
 };
-__device__ __forceinline__ Window window(u32 seg) {
-  const u32 w0 = __shfl_sync(0xFFFFFFFFu, seg, 0), wn = __shfl_sync(0xFFFFFFFFu, seg, PSEG);
-  const int e0 = static_cast<int>(w0 & 0xFFFFu), e1 = static_cast<int>(wn & 0xFFFFu);
-  const int a0 = (ENTRY_OFF + 2 * e0) & ~3;
-  const int nw = (ENTRY_OFF + 2 * e1 - a0 + 3) >> 2;
-  return {e0, e1 - e0, a0, nw > 32};
+__device__ __forceinline__ EntryWindow entry_window(u32 lo, u32 hi) {
+  const int b0 = ENTRY_OFF + 2 * static_cast<int>(lo & 0xFFFFu), b1 = ENTRY_OFF + 2 * static_cast<int>(hi & 0xFFFFu);
+  const int a0 = b0 & ~15, a1 = (b1 + 15) & ~15;
+  const int nch = (a1 - a0) >> 4;
+  return {a0, nch, nch > ENC};
 }
 
-__device__ __forceinline__ void load_regs(Regs& r, const u8* pool, i64 e, int s0, u32 seg, int lane) {
-  const Window w = window(seg);  // every lane runs the shuffles
+// Issue the copies of one kind's compressed segments [s0, s0 + PSEG) into a slot (nothing for BF16 rows).
+__device__ __forceinline__ void issue_slice(u8* slot, const u8* pool, i64 e, int s0, SegWords sw, int lane) {
   if (!compressed(e)) return;
   const u8* blk = pool + e;
+  const u8* sm = blk + 1024 * s0;
+  const u8* cw = blk + CODE_OFF + 384 * s0;
 #pragma unroll
-  for (int k = 0; k < PSEG; ++k) {
-    const u8* sm = blk + 1024 * (s0 + k) + 32 * lane;
-    r.sm[k][0] = ldg128(sm);
-    r.sm[k][1] = ldg128(sm + 16);
-    const u8* cw = blk + CODE_OFF + 384 * (s0 + k) + 4 * lane;
-    r.cw[k][0] = ldg32(cw);
-    r.cw[k][1] = ldg32(cw + 128);
-    r.cw[k][2] = ldg32(cw + 256);
-  }
-  r.ent = (!w.over && 4 * lane < 4 * 32 && w.a0 + 4 * lane < ENTRY_OFF + 2 * (w.e0 + w.n) + 3 && w.n > 0)
-              ? ldg32(blk + w.a0 + 4 * lane) : 0u;
+  for (int c = lane; c < SMB / 16; c += 32) cp_async16(slot + 16 * c, sm + 16 * c, 16);
+#pragma unroll
+  for (int c = lane; c < CWB / 16; c += 32) cp_async16(slot + SMB + 16 * c, cw + 16 * c, 16);
+  if (lane < 2) cp_async16(slot + SMB + CWB + 16 * lane, blk + ((SEGTAB_OFF + 4 * s0) & ~15) + 16 * lane, 16);
+  const EntryWindow ew = entry_window(sw.lo, sw.hi);
+  if (!ew.over && lane < ew.nch) cp_async16(slot + SMB + CWB + SEGB + 16 * lane, blk + ew.a0 + 16 * lane, 16);
 }
 
-// Decode a producer's segments of one kind into the consumer's 16-row buffer `dec`.
-//   q: the producer's index within its consumer (its segments are 2q, 2q + 1 of the 16 rows)
-__device__ __forceinline__ void decode_regs(u16* dec, const Regs& r, const u8* blk, u32 seg, int q,
-                                            const u32 (&b8p)[4], const u32* dbp_s, int lane) {
+// Decode one kind's staged segments into the consumer's 16-row buffer `dec`.
+//   q: the producer's index within its consumer (its segments are PSEG*q .. of the 16 rows)
+//   b8p: this lane's column's 4 pre-shifted base8 pairs; dbp_s: [D/2] (base16 - base8) pairs in shared
+//   memory; blk: the block in global memory (raw words, and entry lists that did not fit the stage).
+__device__ __forceinline__ void decode_slice(u16* dec, const u8* slot, const u8* blk, int s0, int q,
+                                             const u32 (&b8p)[4], const u32* dbp_s, int lane) {
   using namespace gaac_v3;
   const int col = lane % COLS;
 #pragma unroll
   for (int k = 0; k < PSEG; ++k) {
     const int cl = 32 * (PSEG * q + k) + lane;  // chunk within the consumer's 16 rows
-    const u32 sm[8] = {r.sm[k][0].x, r.sm[k][0].y, r.sm[k][0].z, r.sm[k][0].w,
-                       r.sm[k][1].x, r.sm[k][1].y, r.sm[k][1].z, r.sm[k][1].w};
+    const uint4 a = lds128(slot + 1024 * k + 32 * lane), b = lds128(slot + 1024 * k + 32 * lane + 16);
+    const u32 sm[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    const u32 w[3] = {lds32(slot + SMB + 384 * k + 4 * lane), lds32(slot + SMB + 384 * k + 128 + 4 * lane),
+                      lds32(slot + SMB + 384 * k + 256 + 4 * lane)};
     u32 v[16];
-    decode_chunk(sm, r.cw[k], b8p, v);
+    decode_chunk(sm, w, b8p, v);
     u16* dst = dec + 4 * (cl / COLS) * ROW + 8 * col;
 #pragma unroll
     for (int rr = 0; rr < 4; ++rr) sts128(dst + rr * ROW, v[4 * rr], v[4 * rr + 1], v[4 * rr + 2], v[4 * rr + 3]);
   }
-  const Window w = window(seg);
-  if (w.n <= 0) return;  // warp-uniform
+  const u8* seg = slot + SMB + CWB + ((4 * s0) & 15);
+  const u32 w0 = lds32(seg), wn = lds32(seg + 4 * PSEG);
+  const int e0 = static_cast<int>(w0 & 0xFFFFu), n = static_cast<int>(wn & 0xFFFFu) - e0;
+  if (n <= 0) return;  // warp-uniform
   int bnd[PSEG > 1 ? PSEG - 1 : 1];
 #pragma unroll
-  for (int k = 1; k < PSEG; ++k) bnd[k - 1] = static_cast<int>(__shfl_sync(0xFFFFFFFFu, seg, k) & 0xFFFFu);
-  int rbase = static_cast<int>(__shfl_sync(0xFFFFFFFFu, seg, 0) >> 16);
+  for (int k = 1; k < PSEG; ++k) bnd[k - 1] = static_cast<int>(lds32(seg + 4 * k) & 0xFFFFu);
+  const EntryWindow ew = entry_window(w0, wn);
+  const u8* staged = slot + SMB + CWB + SEGB;
+  int rbase = static_cast<int>(w0 >> 16);
   __syncwarp();  // fix-up lanes read rows other lanes stored
-  for (int j = 0; j < w.n; j += 32) {  // warp-uniform trip count
-    const int idx = w.e0 + j + lane;
-    const bool act = j + lane < w.n;
-    const int b = ENTRY_OFF + 2 * idx - w.a0;  // byte of this entry in the window
-    u32 entry;
-    if (!w.over && j == 0) {
-      const u32 word = __shfl_sync(0xFFFFFFFFu, r.ent, (b >> 2) & 31);
-      entry = act ? (word >> (8 * (b & 2))) & 0xFFFFu : 0u;
-    } else {
-      entry = act ? static_cast<u32>(__ldg(reinterpret_cast<const u16*>(blk + ENTRY_OFF + 2 * idx))) : 0u;
+  for (int j = 0; j < n; j += 32) {  // warp-uniform trip count
+    const int idx = e0 + j + lane;
+    const bool act = j + lane < n;
+    u32 entry = 0u;
+    if (act) {
+      const int off = ENTRY_OFF + 2 * idx;
+      entry = ew.over ? static_cast<u32>(__ldg(reinterpret_cast<const u16*>(blk + off)))
+                      : static_cast<u32>(*reinterpret_cast<const u16*>(staged + off - ew.a0));
     }
     const bool raw = act && entry_raw(entry);
     const unsigned bal = __ballot_sync(0xFFFFFFFFu, raw);
@@ -242,9 +259,10 @@ gaac_v3_decode_split(const u16* __restrict__ q,          // [B, Hkv*G, D]
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int hq0 = h * G, hq_total = hkv * G;
 
-  // shared memory: decoded ring [DS][W][2 kinds][DEC] | dbp [2][D/2]
+  // shared memory: decoded ring [DS][W][2 kinds][DEC] | dbp [2][D/2] | compressed ring [S][NPROD][2][SLOT]
   u16* ring = reinterpret_cast<u16*>(smem);
   u32* dbp_s = reinterpret_cast<u32*>(smem + DS * W * 2 * DEC * 2);
+  u8* cring = smem + DS * W * 2 * DEC * 2 + 4 * D;
   for (int i = tid; i < D / 2; i += ALL_THREADS) {
     dbp_s[i] = __ldg(k_dbp + h * (D / 2) + i);
     dbp_s[D / 2 + i] = __ldg(v_dbp + h * (D / 2) + i);
@@ -279,7 +297,7 @@ gaac_v3_decode_split(const u16* __restrict__ q,          // [B, Hkv*G, D]
       mbar_arrive(empty + slot * W + warp);
     }
   } else {
-    // ---------------- producer: load one tile ahead, decode into the ring ----------------
+    // ---------------- producer: a cp.async ring of compressed tiles, decoded into the BF16 ring ----
     const int pi = warp - W, c = pi / PPC, qq = pi % PPC;
     const i64* kt = k_table + bh * max_blocks;
     const i64* vt = v_table + bh * max_blocks;
@@ -293,56 +311,68 @@ gaac_v3_decode_split(const u16* __restrict__ q,          // [B, Hkv*G, D]
       kb8[0] = kb.x, kb8[1] = kb.y, kb8[2] = kb.z, kb8[3] = kb.w;
       vb8[0] = vb.x, vb8[1] = vb.y, vb8[2] = vb.z, vb8[3] = vb.w;
     }
-    // first segment of this producer in the tile starting at token tok0 (rows tok0 % T ..)
-    auto seg0 = [&](int tok0) { return (tok0 % T) * D / 1024 + PSEG * qq; };
     auto tok_of = [&](int it) { return first + it * TILE + crow; };
-    // pipeline: entries 3 tiles ahead, segment words 2 ahead, data 1 ahead
-    i64 ek1 = TAIL, ev1 = TAIL, ek2 = TAIL, ev2 = TAIL, ek3, ev3;
-    u32 sk1 = 0u, sv1 = 0u, sk2 = 0u, sv2 = 0u;
-    Regs rk0, rv0, rk1, rv1;
-    i64 ek0 = TAIL, ev0 = TAIL;
-    u32 sk0 = 0u, sv0 = 0u;
-    if (0 < n_tiles) ek0 = lookup(kt, nb, tok_of(0)), ev0 = lookup(vt, nb, tok_of(0));
-    if (1 < n_tiles) ek1 = lookup(kt, nb, tok_of(1)), ev1 = lookup(vt, nb, tok_of(1));
-    if (2 < n_tiles) ek2 = lookup(kt, nb, tok_of(2)), ev2 = lookup(vt, nb, tok_of(2));
-    sk0 = load_seg(k_pool, ek0, seg0(tok_of(0)), lane), sv0 = load_seg(v_pool, ev0, seg0(tok_of(0)), lane);
-    sk1 = load_seg(k_pool, ek1, seg0(tok_of(1)), lane), sv1 = load_seg(v_pool, ev1, seg0(tok_of(1)), lane);
-    load_regs(rk0, k_pool, ek0, seg0(tok_of(0)), sk0, lane);
-    load_regs(rv0, v_pool, ev0, seg0(tok_of(0)), sv0, lane);
+    auto seg0 = [&](int tok0) { return (tok0 % T) * D / 1024 + PSEG * qq; };  // first segment of this producer
+    auto cslot = [&](int it, int kind) { return cring + ((it % S) * NPROD * 2 + pi * 2 + kind) * SLOT; };
+    // prologue: stages 0 .. S-2 in flight; stage S-1's entries and segment words loaded, stage S's entries
+#pragma unroll
+    for (int s = 0; s < S - 1; ++s) {
+      if (s < n_tiles) {
+        const int tok0 = tok_of(s), s0 = seg0(tok0);
+        const i64 ek = lookup(kt, nb, tok0), ev = lookup(vt, nb, tok0);
+        issue_slice(cslot(s, 0), k_pool, ek, s0, seg_words(k_pool, ek, s0), lane);
+        issue_slice(cslot(s, 1), v_pool, ev, s0, seg_words(v_pool, ev, s0), lane);
+      }
+      cp_async_commit();
+    }
+    i64 ek_n = TAIL, ev_n = TAIL, ek_nn = TAIL, ev_nn = TAIL;
+    SegWords sk_n{0u, 0u}, sv_n{0u, 0u};
+    if (S - 1 < n_tiles) {
+      const int tok0 = tok_of(S - 1);
+      ek_n = lookup(kt, nb, tok0), ev_n = lookup(vt, nb, tok0);
+      sk_n = seg_words(k_pool, ek_n, seg0(tok0)), sv_n = seg_words(v_pool, ev_n, seg0(tok0));
+    }
+    if (S < n_tiles) ek_nn = lookup(kt, nb, tok_of(S)), ev_nn = lookup(vt, nb, tok_of(S));
     for (int it = 0; it < n_tiles; ++it) {
-      // issue the loads of the tiles ahead (their results are first used an iteration later)
-      ek3 = 3 + it < n_tiles ? lookup(kt, nb, tok_of(it + 3)) : TAIL;
-      ev3 = 3 + it < n_tiles ? lookup(vt, nb, tok_of(it + 3)) : TAIL;
-      sk2 = load_seg(k_pool, ek2, seg0(tok_of(it + 2)), lane);
-      sv2 = load_seg(v_pool, ev2, seg0(tok_of(it + 2)), lane);
-      load_regs(rk1, k_pool, ek1, seg0(tok_of(it + 1)), sk1, lane);
-      load_regs(rv1, v_pool, ev1, seg0(tok_of(it + 1)), sv1, lane);
-      // decode tile `it` into its slot once the consumer is done with that slot's previous tile
+      cp_async_wait<S - 2>();
+      __syncwarp();  // stage `it` landed; every lane is done with the slot refilled below
+      {
+        const int nx = it + S - 1;
+        if (nx < n_tiles) {
+          const int s0 = seg0(tok_of(nx));
+          issue_slice(cslot(nx, 0), k_pool, ek_n, s0, sk_n, lane);
+          issue_slice(cslot(nx, 1), v_pool, ev_n, s0, sv_n, lane);
+        }
+        cp_async_commit();
+        if (nx + 1 < n_tiles) {  // the next stage's segment words (its entries were loaded an iteration ago)
+          const int s1 = seg0(tok_of(nx + 1));
+          ek_n = ek_nn, ev_n = ev_nn;
+          sk_n = seg_words(k_pool, ek_n, s1), sv_n = seg_words(v_pool, ev_n, s1);
+        }
+        if (nx + 2 < n_tiles) ek_nn = lookup(kt, nb, tok_of(nx + 2)), ev_nn = lookup(vt, nb, tok_of(nx + 2));
+      }
       const int slot = it % DS;
       if (it >= DS) mbar_wait(empty + slot * W + c, ((it / DS) + 1) & 1);
       u16* dk = ring + (slot * W + c) * 2 * DEC;
       u16* dv = dk + DEC;
-      const int tok0 = tok_of(it), r0 = tok0 % T;
-      if (compressed(ek0)) {
-        decode_regs(dk, rk0, k_pool + ek0, sk0, qq, kb8, dbp_s, lane);
+      const int tok0 = tok_of(it), r0 = tok0 % T, s0 = seg0(tok0);
+      const i64 ek = lookup(kt, nb, tok0), ev = lookup(vt, nb, tok0);  // again (L1): no registers held per stage
+      if (compressed(ek)) {
+        decode_slice(dk, cslot(it, 0), k_pool + ek, s0, qq, kb8, dbp_s, lane);
       } else {
-        direct_rows(dk, ek0 == TAIL ? ktail + r0 * D : reinterpret_cast<const u16*>(k_pool + (ek0 & ~1LL)) + r0 * D,
+        direct_rows(dk, ek == TAIL ? ktail + r0 * D : reinterpret_cast<const u16*>(k_pool + (ek & ~1LL)) + r0 * D,
                     qq, tok0, lo, hi, lane);
       }
-      if (compressed(ev0)) {
-        decode_regs(dv, rv0, v_pool + ev0, sv0, qq, vb8, dbp_s + D / 2, lane);
+      if (compressed(ev)) {
+        decode_slice(dv, cslot(it, 1), v_pool + ev, s0, qq, vb8, dbp_s + D / 2, lane);
         mask_rows(dv, qq, tok0, lo, hi, lane);
       } else {
-        direct_rows(dv, ev0 == TAIL ? vtail + r0 * D : reinterpret_cast<const u16*>(v_pool + (ev0 & ~1LL)) + r0 * D,
+        direct_rows(dv, ev == TAIL ? vtail + r0 * D : reinterpret_cast<const u16*>(v_pool + (ev & ~1LL)) + r0 * D,
                     qq, tok0, lo, hi, lane);
       }
       mbar_arrive(full + slot * W + c);
-      // shift the pipeline
-      rk0 = rk1, rv0 = rv1;
-      ek0 = ek1, ev0 = ev1, sk0 = sk1, sv0 = sv1;
-      ek1 = ek2, ev1 = ev2, sk1 = sk2, sv1 = sv2;
-      ek2 = ek3, ev2 = ev3;
     }
+    cp_async_wait<0>();
   }
   __syncthreads();
   attend::finish(st, smem, attend::Output{part_o, part_lse, out, counters, static_cast<i64>(b) * hq_total + hq0, bh,

@@ -37,21 +37,46 @@ def producers_per_consumer(d: int) -> int:
     return max(1, d // 128)
 
 
-def smem_bytes(d: int, warps: int, dec_stages: int) -> int:
-    """The decoded ring ([dec_stages][warps][K, V][16 rows x (d + 8)] BF16) and the (base16 - base8) pairs."""
-    return dec_stages * warps * 2 * 16 * (d + 8) * 2 + 4 * d
+def entry_chunks(d: int) -> int:
+    """16-byte chunks of entry list staged per (producer, kind, stage): room for 32 entries per segment
+    (a quarter of its 128 groups wide; real K/V: 8-12%) plus one for alignment; longer lists are read
+    from global memory. Mirrors ENTRY_CHUNKS's default in the kernel."""
+    return 4 * (1 if d < 128 else 2) + 1
+
+
+def _slot_bytes(d: int) -> int:
+    pseg = min(2, d // 64)
+    return 1408 * pseg + 32 + 16 * entry_chunks(d)
+
+
+def smem_bytes(d: int, warps: int, stages: int, dec_stages: int = 2) -> int:
+    """Decoded ring ([dec_stages][warps][K, V][16 x (d + 8)] BF16) + (base16 - base8) pairs + the
+    compressed ring ([stages][producers][K, V][slot])."""
+    producers = warps * producers_per_consumer(d)
+    return dec_stages * warps * 2 * 16 * (d + 8) * 2 + 4 * d + stages * producers * 2 * _slot_bytes(d)
 
 
 def threads_of(d: int, warps: int) -> int:
     return 32 * warps * (1 + producers_per_consumer(d))
 
 
-# registers per thread under which the kernel spills (sm_90a ptxas, 2 consumer warps, measured by
-# capping with MIN_CTAS_PER_SM); a CTAs-per-SM choice must leave them (tests/test_cuda_build.py)
-_REGS_NEEDED = {64: 122, 128: 167, 256: 165}
-_REGS_NEEDED_G16 = {64: 136, 128: 180}
+def default_stages(d: int, warps: int) -> int:
+    """The deepest compressed ring (<= 8) that leaves two CTAs per SM: a decode kernel needs ~80 KB
+    in flight per SM at the H200's loaded DRAM latency (Little's law on the measured bandwidths)."""
+    for s in range(8, 2, -1):
+        if 2 * (smem_bytes(d, warps, s) + 1024) <= 228 * 1024:
+            return s
+    for s in range(8, 1, -1):  # else one CTA per SM with the deepest ring that fits
+        if smem_bytes(d, warps, s) <= MAX_SMEM:
+            return s
+    return 2
+
+
+# registers per thread the kernel uses (sm_90a ptxas, 2 consumer warps); a CTAs-per-SM choice must
+# leave them (tests/test_cuda_build.py compiles at the tightest cap the table allows: no spills)
+_REGS_NEEDED = {64: 98, 128: 108, 256: 152}
+_REGS_NEEDED_G16 = {64: 136, 128: 160}
 DEFAULT_WARPS = 2      # consumer warps (the BF16 twin's warps for bit identity)
-DEFAULT_DEC_STAGES = 2
 
 
 def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, max_tokens: int,
@@ -59,11 +84,11 @@ def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, 
     """Compile-time defines, grid and shared memory for one call (host arithmetic only).
 
     ``config.num_warps``: consumer warps (the producers come on top, :func:`producers_per_consumer`);
-    ``config.num_stages``: depth of the decoded ring."""
+    ``config.num_stages``: depth of the compressed ring (the decoded ring has 2 slots)."""
     if config.loader not in (None, "cp.async"):
         raise ValueError(f"the fused kernel loads compressed tiles itself; loader={config.loader!r} does not apply")
     warps = config.num_warps or DEFAULT_WARPS
-    stages = config.num_stages or DEFAULT_DEC_STAGES
+    stages = config.num_stages or default_stages(head_dim, warps)
     tile = 16 * warps
     threads = threads_of(head_dim, warps)
     smem = smem_bytes(head_dim, warps, stages)
@@ -81,8 +106,8 @@ def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, 
     smem = max(smem, 4 * (2 * warps * nt8 + warps * nt8 * head_dim), 4 * group * splits)
     if smem > MAX_SMEM:
         raise ValueError(f"{splits} splits x {group} heads do not fit the merge in shared memory")
-    defines = dict(HEAD_DIM=head_dim, QUERY_GROUP=group, PAGE=block_size, WARPS=warps, DEC_STAGES=stages,
-                   MIN_CTAS_PER_SM=per_sm)
+    defines = dict(HEAD_DIM=head_dim, QUERY_GROUP=group, PAGE=block_size, WARPS=warps, STAGES=stages,
+                   DEC_STAGES=2, MIN_CTAS_PER_SM=per_sm, ENTRY_CHUNKS=entry_chunks(head_dim))
     return dict(defines=defines, smem=smem, splits=splits, tokens_per_split=tps, threads=threads, warps=warps)
 
 
