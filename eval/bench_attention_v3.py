@@ -108,7 +108,7 @@ def _try(name, make, ref=None):
         return None, None
 
 
-SWEEP = [dict(num_warps=w, num_stages=s, ctas_per_sm=c) for w in (2, 4) for s in (3, 4, 6, 8) for c in (1, 2, 3)]
+SWEEP = [dict(num_warps=w, num_stages=s, ctas_per_sm=c) for w in (2, 4) for s in (3, 6) for c in (1, 2, 3, 4)]
 
 
 def sweep(case):

@@ -314,7 +314,10 @@ gaac_v3_decode_split(const u16* __restrict__ q,          // [B, Hkv*G, D]
     auto tok_of = [&](int it) { return first + it * TILE + crow; };
     auto seg0 = [&](int tok0) { return (tok0 % T) * D / 1024 + PSEG * qq; };  // first segment of this producer
     auto cslot = [&](int it, int kind) { return cring + ((it % S) * NPROD * 2 + pi * 2 + kind) * SLOT; };
-    // prologue: stages 0 .. S-2 in flight; stage S-1's entries and segment words loaded, stage S's entries
+    // block-table entries of the staged tiles, kept in shared memory from issue to decode (a second
+    // look-up at decode time missed L1 and waited ~2 us per tile: ncu call F4)
+    __shared__ i64 ent_s[S][NPROD][2];
+    // prologue: stages 0 .. S-2 in flight; segment words 1 and entries 2 stages beyond them loaded
 #pragma unroll
     for (int s = 0; s < S - 1; ++s) {
       if (s < n_tiles) {
@@ -322,41 +325,53 @@ gaac_v3_decode_split(const u16* __restrict__ q,          // [B, Hkv*G, D]
         const i64 ek = lookup(kt, nb, tok0), ev = lookup(vt, nb, tok0);
         issue_slice(cslot(s, 0), k_pool, ek, s0, seg_words(k_pool, ek, s0), lane);
         issue_slice(cslot(s, 1), v_pool, ev, s0, seg_words(v_pool, ev, s0), lane);
+        if (lane == 0) ent_s[s][pi][0] = ek, ent_s[s][pi][1] = ev;
       }
       cp_async_commit();
     }
-    i64 ek_n = TAIL, ev_n = TAIL, ek_nn = TAIL, ev_nn = TAIL;
-    SegWords sk_n{0u, 0u}, sv_n{0u, 0u};
+    // pipeline of look-ups: e*_n / s*_n = stage to issue next (entries + segment words), e*_nn /
+    // s*_nn = the one after (entries + segment words), e*_n3 = the one after that (entries)
+    i64 ek_n = TAIL, ev_n = TAIL, ek_nn = TAIL, ev_nn = TAIL, ek_n3 = TAIL, ev_n3 = TAIL;
+    SegWords sk_n{0u, 0u}, sv_n{0u, 0u}, sk_nn{0u, 0u}, sv_nn{0u, 0u};
     if (S - 1 < n_tiles) {
       const int tok0 = tok_of(S - 1);
       ek_n = lookup(kt, nb, tok0), ev_n = lookup(vt, nb, tok0);
       sk_n = seg_words(k_pool, ek_n, seg0(tok0)), sv_n = seg_words(v_pool, ev_n, seg0(tok0));
     }
-    if (S < n_tiles) ek_nn = lookup(kt, nb, tok_of(S)), ev_nn = lookup(vt, nb, tok_of(S));
+    if (S < n_tiles) {
+      const int tok0 = tok_of(S);
+      ek_nn = lookup(kt, nb, tok0), ev_nn = lookup(vt, nb, tok0);
+      sk_nn = seg_words(k_pool, ek_nn, seg0(tok0)), sv_nn = seg_words(v_pool, ev_nn, seg0(tok0));
+    }
+    if (S + 1 < n_tiles) ek_n3 = lookup(kt, nb, tok_of(S + 1)), ev_n3 = lookup(vt, nb, tok_of(S + 1));
     for (int it = 0; it < n_tiles; ++it) {
       cp_async_wait<S - 2>();
       __syncwarp();  // stage `it` landed; every lane is done with the slot refilled below
+      const i64 ek = ent_s[it % S][pi][0], ev = ent_s[it % S][pi][1];
+      __syncwarp();  // every lane read this stage's entries before lane 0 overwrites the slot below
       {
         const int nx = it + S - 1;
         if (nx < n_tiles) {
           const int s0 = seg0(tok_of(nx));
           issue_slice(cslot(nx, 0), k_pool, ek_n, s0, sk_n, lane);
           issue_slice(cslot(nx, 1), v_pool, ev_n, s0, sv_n, lane);
+          if (lane == 0) ent_s[nx % S][pi][0] = ek_n, ent_s[nx % S][pi][1] = ev_n;
         }
         cp_async_commit();
-        if (nx + 1 < n_tiles) {  // the next stage's segment words (its entries were loaded an iteration ago)
-          const int s1 = seg0(tok_of(nx + 1));
-          ek_n = ek_nn, ev_n = ev_nn;
-          sk_n = seg_words(k_pool, ek_n, s1), sv_n = seg_words(v_pool, ev_n, s1);
+        // shift the look-ups; the new ones are first used one or two iterations from now
+        ek_n = ek_nn, ev_n = ev_nn, sk_n = sk_nn, sv_n = sv_nn;
+        ek_nn = ek_n3, ev_nn = ev_n3;
+        if (nx + 2 < n_tiles) {
+          const int s2 = seg0(tok_of(nx + 2));
+          sk_nn = seg_words(k_pool, ek_nn, s2), sv_nn = seg_words(v_pool, ev_nn, s2);
         }
-        if (nx + 2 < n_tiles) ek_nn = lookup(kt, nb, tok_of(nx + 2)), ev_nn = lookup(vt, nb, tok_of(nx + 2));
+        if (nx + 3 < n_tiles) ek_n3 = lookup(kt, nb, tok_of(nx + 3)), ev_n3 = lookup(vt, nb, tok_of(nx + 3));
       }
       const int slot = it % DS;
       if (it >= DS) mbar_wait(empty + slot * W + c, ((it / DS) + 1) & 1);
       u16* dk = ring + (slot * W + c) * 2 * DEC;
       u16* dv = dk + DEC;
       const int tok0 = tok_of(it), r0 = tok0 % T, s0 = seg0(tok0);
-      const i64 ek = lookup(kt, nb, tok0), ev = lookup(vt, nb, tok0);  // again (L1): no registers held per stage
       if (compressed(ek)) {
         decode_slice(dk, cslot(it, 0), k_pool + ek, s0, qq, kb8, dbp_s, lane);
       } else {
