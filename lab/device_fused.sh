@@ -13,3 +13,7 @@ fi
 if [ "${1:-1}" = 2 ]; then
 timeout 560 python3 eval/bench_attention_v3.py --budget-s 500 --out $OUT/attention_h200.json 2>&1 | tail -50 | tee $OUT/bench.log
 fi
+if [ "${1:-1}" = 3 ]; then
+timeout 200 python3 -m pytest -q -x -p no:cacheprovider tests/test_cuda_fused.py 2>&1 | tail -3 | tee $OUT/pytest_fused.txt
+timeout 200 python3 eval/bench_attention_v3.py --quick --budget-s 150 --out $OUT/attention_v3_quick.json 2>&1 | tail -12 | tee $OUT/bench.log
+fi

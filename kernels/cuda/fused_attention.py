@@ -61,15 +61,25 @@ def threads_of(d: int, warps: int) -> int:
 
 
 def default_stages(d: int, warps: int) -> int:
-    """The deepest compressed ring (<= 8) that leaves two CTAs per SM: a decode kernel needs ~80 KB
-    in flight per SM at the H200's loaded DRAM latency (Little's law on the measured bandwidths)."""
-    for s in range(8, 2, -1):
-        if 2 * (smem_bytes(d, warps, s) + 1024) <= 228 * 1024:
-            return s
+    """The deepest compressed ring (<= 8) that leaves the most CTAs per SM (3, else 2, else 1):
+    measured on the H200 (lab/cuda-decode-notebook.md, calls F2-F5) the kernel's time falls with
+    the number of producer warps per SM and does not change with ring depth beyond 3 stages."""
+    for ctas in (3, 2):
+        for s in range(8, 2, -1):
+            if ctas * (smem_bytes(d, warps, s) + 1024) <= 228 * 1024:
+                return s
     for s in range(8, 1, -1):  # else one CTA per SM with the deepest ring that fits
         if smem_bytes(d, warps, s) <= MAX_SMEM:
             return s
     return 2
+
+
+def max_ctas_per_sm(d: int, warps: int, stages: int, group: int) -> int:
+    """Most resident CTAs per SM that shared memory and the kernel's registers allow."""
+    need = (_REGS_NEEDED if group <= 8 else _REGS_NEEDED_G16).get(d, 255)
+    threads = threads_of(d, warps)
+    return max([c for c in (1, 2, 3, 4) if c * (smem_bytes(d, warps, stages) + 1024) <= 228 * 1024
+                and 65536 // (threads * c) >= need] or [1])
 
 
 # registers per thread the kernel uses (sm_90a ptxas, 2 consumer warps); a CTAs-per-SM choice must
@@ -98,6 +108,11 @@ def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, 
     splits = config.num_splits
     per_sm = config.ctas_per_sm or 1
     if splits is None:
+        # as many CTAs per SM as fit (time falls with producer warps per SM), splits to fill the wave
+        if config.ctas_per_sm is None:
+            from dataclasses import replace
+
+            config = replace(config, ctas_per_sm=max_ctas_per_sm(head_dim, warps, stages, group))
         splits, per_sm = _choose_splits(batch * kv_heads, max_tokens, tile, smem, head_dim, device, config,
                                         regs_needed=_REGS_NEEDED if group <= 8 else _REGS_NEEDED_G16, threads=threads)
     tps = math.ceil(math.ceil(max_tokens / splits) / tile) * tile
