@@ -108,7 +108,8 @@ def _try(name, make, ref=None):
         return None, None
 
 
-SWEEP = [dict(num_warps=w, num_stages=s, ctas_per_sm=c) for w in (2, 4) for s in (3, 6) for c in (1, 2, 3, 4)]
+SWEEP = [dict(num_warps=w, num_stages=s, ctas_per_sm=c, loader=ld) for ld in ("bulk", "cp.async")
+         for (w, s, c) in ((2, 3, 3), (2, 4, 2), (2, 6, 2), (4, 3, 1), (4, 4, 1), (1, 4, 4), (1, 8, 4))]
 
 
 def sweep(case):

@@ -93,15 +93,15 @@ CASES = [  # (B, Hq, Hkv, D, T, seq_lens)
 
 
 @pytest.mark.parametrize("B,HQ,HKV,D,T,lens", CASES)
-@pytest.mark.parametrize("splits", [None, 1, 3])
-def test_bit_identical_to_bf16_twin_and_close_to_fp64(B, HQ, HKV, D, T, lens, splits):
+@pytest.mark.parametrize("splits,loader", [(None, None), (1, "bulk"), (3, "bulk"), (3, "cp.async")])
+def test_bit_identical_to_bf16_twin_and_close_to_fp64(B, HQ, HKV, D, T, lens, splits, loader):
     seed = hash((B, HQ, HKV, D, T, tuple(lens))) % 2**31
     S = max(max(lens), 1)
     k = synthetic_kv((B, HKV, S, D), "k", seed).to(DEV)
     v = synthetic_kv((B, HKV, S, D), "v", seed + 1).to(DEV)
     q = torch.randn(B, HQ, D, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16).to(DEV)
     kv = pack_paged_v3(k, v, lens, T, _bases(k, v), generator=torch.Generator().manual_seed(seed))
-    cfg = LaunchConfig(num_splits=splits, num_warps=4)
+    cfg = LaunchConfig(num_splits=splits, num_warps=4, loader=loader)
     if splits is None:  # the fused planner's own choice: compare with the twin at the same split count
         from gaac_hf.kernels.cuda.fused_attention import plan
 
@@ -129,8 +129,8 @@ def test_badly_fitting_windows_long_entry_lists(shift):
     bases = _bases(k, v)
     bases[:, 0] = (bases[:, 0].int() + shift).clamp(max=248).to(torch.uint8)
     kv = pack_paged_v3(k, v, lens, T, bases)
-    for warps in (2, 4):
-        out = _check_both(q, k, v, kv, lens, T, LaunchConfig(num_splits=4, num_warps=warps))
+    for warps, loader in ((2, "bulk"), (4, "cp.async")):
+        out = _check_both(q, k, v, kv, lens, T, LaunchConfig(num_splits=4, num_warps=warps, loader=loader))
     assert _rel_err(out, attention_reference(q, k, v, lens)) < 1e-2
 
 

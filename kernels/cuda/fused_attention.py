@@ -87,6 +87,8 @@ def max_ctas_per_sm(d: int, warps: int, stages: int, group: int) -> int:
 _REGS_NEEDED = {64: 102, 128: 127, 256: 152}
 _REGS_NEEDED_G16 = {64: 136, 128: 160}
 DEFAULT_WARPS = 2      # consumer warps (the BF16 twin's warps for bit identity)
+_LOADERS = {"cp.async": 0, "bulk": 1}  # producers' copies: 16 B per lane, or the copy engine (one lane per part)
+DEFAULT_LOADER = "bulk"
 
 
 def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, max_tokens: int,
@@ -95,8 +97,9 @@ def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, 
 
     ``config.num_warps``: consumer warps (the producers come on top, :func:`producers_per_consumer`);
     ``config.num_stages``: depth of the compressed ring (the decoded ring has 2 slots)."""
-    if config.loader not in (None, "cp.async"):
-        raise ValueError(f"the fused kernel loads compressed tiles itself; loader={config.loader!r} does not apply")
+    loader = config.loader or DEFAULT_LOADER
+    if loader not in _LOADERS:
+        raise ValueError(f"loader must be one of {sorted(_LOADERS)}, got {loader!r}")
     warps = config.num_warps or DEFAULT_WARPS
     stages = config.num_stages or default_stages(head_dim, warps)
     tile = 16 * warps
@@ -122,7 +125,7 @@ def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, 
     if smem > MAX_SMEM:
         raise ValueError(f"{splits} splits x {group} heads do not fit the merge in shared memory")
     defines = dict(HEAD_DIM=head_dim, QUERY_GROUP=group, PAGE=block_size, WARPS=warps, STAGES=stages,
-                   DEC_STAGES=2, MIN_CTAS_PER_SM=per_sm, ENTRY_CHUNKS=entry_chunks(head_dim))
+                   DEC_STAGES=2, MIN_CTAS_PER_SM=per_sm, ENTRY_CHUNKS=entry_chunks(head_dim), LOADER=_LOADERS[loader])
     return dict(defines=defines, smem=smem, splits=splits, tokens_per_split=tps, threads=threads, warps=warps)
 
 
