@@ -141,7 +141,8 @@ def _choose_splits(streams: int, max_tokens: int, tile: int, smem: int, head_dim
     need = next((r for d, r in sorted((regs_needed or _REGS_NEEDED).items()) if head_dim <= d), 255)
     best = None
     for per_sm in ([config.ctas_per_sm] if config.ctas_per_sm else [1, 2, 3, 4]):
-        if per_sm > 1 and ((smem + 1024) * per_sm > SM_SMEM or 65536 // (threads * per_sm) < need):
+        if per_sm > 1 and ((smem + 1024) * per_sm > SM_SMEM or 65536 // (threads * per_sm) < need
+                           or threads * per_sm > 2048):
             continue
         slots = sms * per_sm
         splits = max(1, min(cap, slots // streams))
