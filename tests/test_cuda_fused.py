@@ -150,7 +150,7 @@ def test_left_padding_with_garbage_in_compressed_blocks(D):
     q = torch.randn(B, HQ, D, generator=torch.Generator().manual_seed(D)).to(torch.bfloat16).to(DEV)
     kv = pack_paged_v3(k, v, lens, T, bases)
     ks = torch.tensor(starts, dtype=torch.int32, device=DEV)
-    for splits, warps in ((1, 2), (4, 4)):
+    for splits, warps in ((1, 2), (4, 4 if D < 256 else 1)):
         out = _check_both(q, k, v, kv, lens, T, LaunchConfig(num_splits=splits, num_warps=warps), kv_start=ks)
         assert not torch.isnan(out).any()
         assert _rel_err(out, attention_reference(q, k, v, lens, kv_start=starts)) < 1e-2
@@ -182,7 +182,7 @@ def test_adversarial_blocks_bit_identical(D):
     assert bool((kv.k.table[0, :, :2] & 1).any()), "some adversarial block must be stored as BF16"
     assert bool((~kv.k.table[0, :, :2] & 1).any()), "and some compressed"
     for splits in (1, 2):
-        _check_both(q, k, v, kv, [k.shape[2]], 64, LaunchConfig(num_splits=splits, num_warps=4))
+        _check_both(q, k, v, kv, [k.shape[2]], 64, LaunchConfig(num_splits=splits, num_warps=4 if D < 256 else 2))
 
 
 @pytest.mark.skipif(not REAL_KV.exists(), reason=f"real K/V dump {REAL_KV} absent (python eval/compression_v3.py --dump)")
