@@ -108,8 +108,9 @@ def _try(name, make, ref=None):
         return None, None
 
 
-SWEEP = [dict(num_warps=w, num_stages=s, ctas_per_sm=c, loader="cp.async")
-         for (w, s, c) in ((2, 3, 3), (2, 2, 4), (1, 3, 6), (1, 2, 7), (1, 4, 5), (4, 2, 2), (4, 3, 1))]
+SWEEP = [dict(num_warps=w, num_stages=s, ctas_per_sm=c, producer_segments=p)
+         for (w, s, c, p) in ((2, 3, 3, 2), (2, 3, 3, 1), (2, 2, 3, 1), (2, 4, 2, 1), (4, 3, 1, 1), (4, 2, 2, 1),
+                              (1, 3, 5, 1), (1, 4, 4, 1))]
 
 
 def sweep(case):
@@ -118,9 +119,10 @@ def sweep(case):
 
     rows = []
     for kw in SWEEP:
-        if (smem_bytes(case.d, kw["num_warps"], kw["num_stages"]) + 2048) * kw["ctas_per_sm"] > 228 * 1024:
+        p = kw["producer_segments"]
+        if (smem_bytes(case.d, kw["num_warps"], kw["num_stages"], pseg=p) + 2048) * kw["ctas_per_sm"] > 228 * 1024:
             continue
-        if threads_of(case.d, kw["num_warps"]) * kw["ctas_per_sm"] > 2048:
+        if threads_of(case.d, kw["num_warps"], p) * kw["ctas_per_sm"] > 2048:
             continue
         us, _ = _try(f"gaac {kw}", lambda: case.gaac(LaunchConfig(**kw)))
         rows.append(dict(config=kw, us=us))

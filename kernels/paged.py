@@ -133,6 +133,8 @@ class LaunchConfig:
     tile_tokens: tokens per sub-tile (rows decoded at once; Triton kernels).
     ctas_per_sm: CUDA kernels: resident CTAs per SM the grid is sized for (also their register cap).
     loader: CUDA kernels: "cp.async" (16 B per lane) or "bulk" (the copy engine, a row per lane).
+    producer_segments: the fused CUDA kernel: segments (1,024 values) of K and of V each producer
+    warp decodes per tile (1 or 2; fewer means more producer warps).
     """
 
     num_splits: int | None = None
@@ -142,6 +144,7 @@ class LaunchConfig:
     maxnreg: int | None = None
     ctas_per_sm: int | None = None
     loader: str | None = None
+    producer_segments: int | None = None
 
 
 DEFAULT_LAUNCH = LaunchConfig()

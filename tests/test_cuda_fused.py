@@ -119,6 +119,20 @@ def test_bit_identical_to_bf16_twin_and_close_to_fp64(B, HQ, HKV, D, T, lens, sp
     assert _rel_err(out, attention_reference(q, k, v, lens)) < 1e-2
 
 
+@pytest.mark.parametrize("B,HQ,HKV,D,T,lens", [CASES[1], CASES[2], CASES[3], CASES[6], CASES[8]])
+def test_one_segment_producers_bit_identical(B, HQ, HKV, D, T, lens):
+    """producer_segments=1: twice (four times at d=256) the producer warps, each decoding one segment."""
+    S = max(lens)
+    k = synthetic_kv((B, HKV, S, D), "k", 5).to(DEV)
+    v = synthetic_kv((B, HKV, S, D), "v", 6).to(DEV)
+    q = torch.randn(B, HQ, D, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16).to(DEV)
+    kv = pack_paged_v3(k, v, lens, T, _bases(k, v))
+    for splits in (1, 3):
+        cfg = LaunchConfig(num_splits=splits, num_warps=2, producer_segments=1)
+        out = _check_both(q, k, v, kv, lens, T, cfg)
+    assert _rel_err(out, attention_reference(q, k, v, lens)) < 1e-2
+
+
 @pytest.mark.parametrize("shift", [2, 4])
 def test_badly_fitting_windows_long_entry_lists(shift):
     """Windows moved up by `shift` exponents: 30-90% of groups wide, so entry lists overflow a

@@ -21,7 +21,7 @@
 //
 // Compile-time parameters (-D): HEAD_DIM (64, 128 or 256), PAGE (block size T: a power of two
 // >= 16), QUERY_GROUP (query heads per kv head), WARPS (consumer warps), STAGES (compressed ring
-// depth, >= 2), DEC_STAGES (decoded ring depth, >= 2), ENTRY_CHUNKS (16-byte chunks of entry list
+// depth, >= 2), DEC_STAGES (decoded ring depth, >= 2), PROD_SEGS (segments per producer, 1 or 2), ENTRY_CHUNKS (16-byte chunks of entry list
 // staged per producer, kind and stage; longer lists are read from global memory), MIN_CTAS_PER_SM.
 
 // core.cuh first: it has a constant named GROUP (8 channels), so the query-group size arrives as
@@ -46,8 +46,11 @@
 #ifndef LOADER  // 0: cp.async, 16 B per lane; 1: the copy engine (cp.async.bulk, one lane, an mbarrier per stage)
 #define LOADER 1
 #endif
-#ifndef ENTRY_CHUNKS  // 16-byte chunks of entry list staged per producer, kind and stage
-#define ENTRY_CHUNKS (4 * (HEAD_DIM < 128 ? 1 : 2) + 1)
+#ifndef PROD_SEGS  // segments (1,024 values) of each of K and V a producer warp decodes per tile: 1 or 2
+#define PROD_SEGS 2
+#endif
+#ifndef ENTRY_CHUNKS  // 16-byte chunks of entry list staged per producer, kind and stage (32 entries per segment)
+#define ENTRY_CHUNKS (4 * PSEG + 1)
 #endif
 
 namespace {
@@ -64,7 +67,7 @@ constexpr int TILE = 16 * W;                  // rows per tile (16 per consumer 
 constexpr int N = T * D;                      // values per block
 constexpr int COLS = D / 8;                   // chunk columns
 constexpr int NSEG = D / 64;                  // segments in a consumer's 16 rows
-constexpr int PSEG = NSEG < 2 ? NSEG : 2;     // segments per producer
+constexpr int PSEG = NSEG < PROD_SEGS ? NSEG : PROD_SEGS;  // segments per producer
 constexpr int PPC = NSEG / PSEG;              // producers per consumer
 constexpr int PROWS = 16 / PPC;               // rows per producer
 constexpr int NPROD = W * PPC;
@@ -81,6 +84,7 @@ constexpr int SEGB = 32;                      // two chunks around their segment
 constexpr int ENC = ENTRY_CHUNKS;
 constexpr int SLOT = SMB + CWB + SEGB + 16 * ENC;  // bytes per (stage, producer, kind)
 static_assert(S >= 2, "STAGES must be >= 2");
+static_assert(PROD_SEGS == 1 || PROD_SEGS == 2, "PROD_SEGS must be 1 or 2");
 static_assert(ENC >= 1 && ENC <= 32, "ENTRY_CHUNKS must be 1..32 (one chunk per lane)");
 
 static_assert(D == 64 || D == 128 || D == 256, "the fused kernel takes HEAD_DIM 64, 128 or 256");

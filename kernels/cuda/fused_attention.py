@@ -35,62 +35,66 @@ SOURCE = "decode_attention_v3.cu"
 HEAD_DIMS = (64, 128, 256)
 
 
-def producers_per_consumer(d: int) -> int:
-    """Producer warps per consumer warp: each decodes at most 2 segments (2,048 values) of the
-    consumer's 16 rows (16 * d values), so d = 256 takes two."""
-    return max(1, d // 128)
+def segments_per_producer(d: int, pseg: int | None = None) -> int:
+    """Segments of K and of V one producer warp decodes per tile (the consumer's 16 rows hold d / 64)."""
+    return min(d // 64, pseg or DEFAULT_PRODUCER_SEGMENTS)
 
 
-def entry_chunks(d: int) -> int:
+def producers_per_consumer(d: int, pseg: int | None = None) -> int:
+    """Producer warps per consumer warp: the consumer's 16 rows (d / 64 segments) split among them."""
+    return (d // 64) // segments_per_producer(d, pseg)
+
+
+def entry_chunks(d: int, pseg: int | None = None) -> int:
     """16-byte chunks of entry list staged per (producer, kind, stage): room for 32 entries per segment
     (a quarter of its 128 groups wide; real K/V: 8-12%) plus one for alignment; longer lists are read
     from global memory. Mirrors ENTRY_CHUNKS's default in the kernel."""
-    return 4 * (1 if d < 128 else 2) + 1
+    return 4 * segments_per_producer(d, pseg) + 1
 
 
-def _slot_bytes(d: int) -> int:
-    pseg = min(2, d // 64)
-    return 1408 * pseg + 32 + 16 * entry_chunks(d)
+def _slot_bytes(d: int, pseg: int | None = None) -> int:
+    return 1408 * segments_per_producer(d, pseg) + 32 + 16 * entry_chunks(d, pseg)
 
 
-def smem_bytes(d: int, warps: int, stages: int, dec_stages: int = 2) -> int:
+def smem_bytes(d: int, warps: int, stages: int, dec_stages: int = 2, pseg: int | None = None) -> int:
     """Decoded ring ([dec_stages][warps][K, V][16 x (d + 8)] BF16) + (base16 - base8) pairs + the
     compressed ring ([stages][producers][K, V][slot])."""
-    producers = warps * producers_per_consumer(d)
-    return dec_stages * warps * 2 * 16 * (d + 8) * 2 + 4 * d + stages * producers * 2 * _slot_bytes(d)
+    producers = warps * producers_per_consumer(d, pseg)
+    return dec_stages * warps * 2 * 16 * (d + 8) * 2 + 4 * d + stages * producers * 2 * _slot_bytes(d, pseg)
 
 
-def threads_of(d: int, warps: int) -> int:
-    return 32 * warps * (1 + producers_per_consumer(d))
+def threads_of(d: int, warps: int, pseg: int | None = None) -> int:
+    return 32 * warps * (1 + producers_per_consumer(d, pseg))
 
 
-def default_stages(d: int, warps: int) -> int:
+def default_stages(d: int, warps: int, pseg: int | None = None) -> int:
     """The deepest compressed ring (<= 8) that leaves the most CTAs per SM (3, else 2, else 1):
-    measured on the H200 (lab/cuda-decode-notebook.md, calls F2-F5) the kernel's time falls with
+    measured on the H200 (lab/cuda-decode-notebook.md, calls F2-F8) the kernel's time falls with
     the number of producer warps per SM and does not change with ring depth beyond 3 stages."""
     for ctas in (3, 2):
         for s in range(8, 2, -1):
-            if ctas * (smem_bytes(d, warps, s) + 2048) <= 228 * 1024:
+            if ctas * (smem_bytes(d, warps, s, pseg=pseg) + 2048) <= 228 * 1024:
                 return s
     for s in range(8, 1, -1):  # else one CTA per SM with the deepest ring that fits
-        if smem_bytes(d, warps, s) <= MAX_SMEM:
+        if smem_bytes(d, warps, s, pseg=pseg) <= MAX_SMEM:
             return s
     return 2
 
 
-def max_ctas_per_sm(d: int, warps: int, stages: int, group: int) -> int:
+def max_ctas_per_sm(d: int, warps: int, stages: int, group: int, pseg: int | None = None) -> int:
     """Most resident CTAs per SM that shared memory and the kernel's registers allow."""
-    need = (_REGS_NEEDED if group <= 8 else _REGS_NEEDED_G16).get(d, 255)
-    threads = threads_of(d, warps)
-    return max([c for c in range(1, 9) if c * (smem_bytes(d, warps, stages) + 2048) <= 228 * 1024
+    need = (_REGS_NEEDED if group <= 8 else _REGS_NEEDED_G16).get((d, segments_per_producer(d, pseg)), 255)
+    threads = threads_of(d, warps, pseg)
+    return max([c for c in range(1, 9) if c * (smem_bytes(d, warps, stages, pseg=pseg) + 2048) <= 228 * 1024
                 and 65536 // (threads * c) >= need and threads * c <= 2048] or [1])
 
 
 # registers per thread the kernel uses (sm_90a ptxas, 2 consumer warps); a CTAs-per-SM choice must
 # leave them (tests/test_cuda_build.py compiles at the tightest cap the table allows: no spills)
-_REGS_NEEDED = {64: 102, 128: 127, 256: 152}
-_REGS_NEEDED_G16 = {64: 136, 128: 160}
+_REGS_NEEDED = {(64, 1): 102, (128, 1): 93, (128, 2): 127, (256, 1): 152, (256, 2): 152}
+_REGS_NEEDED_G16 = {(64, 1): 136, (128, 1): 160, (128, 2): 160, (256, 1): 200, (256, 2): 200}
 DEFAULT_WARPS = 2      # consumer warps (the BF16 twin's warps for bit identity)
+DEFAULT_PRODUCER_SEGMENTS = 2
 _LOADERS = {"cp.async": 0, "bulk": 1}  # producers' copies: 16 B per lane, or the copy engine (one lane per part)
 DEFAULT_LOADER = "cp.async"  # measured: the copy engine was 7% slower (call F7)
 
@@ -105,10 +109,13 @@ def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, 
     if loader not in _LOADERS:
         raise ValueError(f"loader must be one of {sorted(_LOADERS)}, got {loader!r}")
     warps = config.num_warps or DEFAULT_WARPS
-    stages = config.num_stages or default_stages(head_dim, warps)
+    pseg = config.producer_segments
+    if pseg not in (None, 1, 2):
+        raise ValueError(f"producer_segments must be 1 or 2, got {pseg}")
+    stages = config.num_stages or default_stages(head_dim, warps, pseg)
     tile = 16 * warps
-    threads = threads_of(head_dim, warps)
-    smem = smem_bytes(head_dim, warps, stages)
+    threads = threads_of(head_dim, warps, pseg)
+    smem = smem_bytes(head_dim, warps, stages, pseg=pseg)
     if smem > MAX_SMEM:
         raise ValueError(f"head_dim {head_dim} with {warps} warps x {stages} stages needs {smem} B of shared memory "
                          f"per CTA (at most {MAX_SMEM}): use fewer warps or stages")
@@ -119,9 +126,11 @@ def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, 
         if config.ctas_per_sm is None:
             from dataclasses import replace
 
-            config = replace(config, ctas_per_sm=max_ctas_per_sm(head_dim, warps, stages, group))
+            config = replace(config, ctas_per_sm=max_ctas_per_sm(head_dim, warps, stages, group, pseg))
+        table = _REGS_NEEDED if group <= 8 else _REGS_NEEDED_G16
+        need = {head_dim: table.get((head_dim, segments_per_producer(head_dim, pseg)), 255)}
         splits, per_sm = _choose_splits(batch * kv_heads, max_tokens, tile, smem, head_dim, device, config,
-                                        regs_needed=_REGS_NEEDED if group <= 8 else _REGS_NEEDED_G16, threads=threads)
+                                        regs_needed=need, threads=threads)
     tps = math.ceil(math.ceil(max_tokens / splits) / tile) * tile
     splits = max(1, math.ceil(max_tokens / tps))
     nt8 = 8 * math.ceil(group / 8)
@@ -129,7 +138,8 @@ def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, 
     if smem > MAX_SMEM:
         raise ValueError(f"{splits} splits x {group} heads do not fit the merge in shared memory")
     defines = dict(HEAD_DIM=head_dim, QUERY_GROUP=group, PAGE=block_size, WARPS=warps, STAGES=stages,
-                   DEC_STAGES=2, MIN_CTAS_PER_SM=per_sm, ENTRY_CHUNKS=entry_chunks(head_dim), LOADER=_LOADERS[loader])
+                   DEC_STAGES=2, MIN_CTAS_PER_SM=per_sm, ENTRY_CHUNKS=entry_chunks(head_dim, pseg), LOADER=_LOADERS[loader],
+                   PROD_SEGS=segments_per_producer(head_dim, pseg))
     return dict(defines=defines, smem=smem, splits=splits, tokens_per_split=tps, threads=threads, warps=warps)
 
 
