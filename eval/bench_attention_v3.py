@@ -109,18 +109,18 @@ def _try(name, make, ref=None):
 
 
 SWEEP = [dict(num_warps=w, num_stages=s, ctas_per_sm=c, producer_segments=p)
-         for (w, s, c, p) in ((2, 3, 3, 2), (2, 3, 3, 1), (2, 2, 3, 1), (2, 4, 2, 1), (4, 3, 1, 1), (4, 2, 2, 1),
-                              (1, 3, 5, 1), (1, 4, 4, 1))]
+         for (w, s, c, p) in ((2, 3, 3, 2), (2, 3, 3, 1), (2, 2, 3, 1), (2, 4, 2, 2), (2, 6, 2, 2), (4, 3, 1, 1),
+                              (4, 4, 1, 2), (1, 3, 5, 1), (1, 4, 4, 2))]
 
 
 def sweep(case):
     from gaac_hf.kernels import LaunchConfig
-    from gaac_hf.kernels.cuda.fused_attention import smem_bytes, threads_of
+    from gaac_hf.kernels.cuda.fused_attention import cta_bytes, threads_of
 
     rows = []
     for kw in SWEEP:
         p = kw["producer_segments"]
-        if (smem_bytes(case.d, kw["num_warps"], kw["num_stages"], pseg=p) + 2048) * kw["ctas_per_sm"] > 228 * 1024:
+        if (cta_bytes(case.d, kw["num_warps"], kw["num_stages"], p) + 1024) * kw["ctas_per_sm"] > 228 * 1024:
             continue
         if threads_of(case.d, kw["num_warps"], p) * kw["ctas_per_sm"] > 2048:
             continue

@@ -43,9 +43,6 @@
 #ifndef STAGES
 #define STAGES 4
 #endif
-#ifndef LOADER  // 0: cp.async, 16 B per lane; 1: the copy engine (cp.async.bulk, one lane, an mbarrier per stage)
-#define LOADER 1
-#endif
 #ifndef PROD_SEGS  // segments (1,024 values) of each of K and V a producer warp decodes per tile: 1 or 2
 #define PROD_SEGS 2
 #endif
@@ -144,46 +141,6 @@ __device__ __forceinline__ void issue_slice(u8* slot, const u8* pool, i64 e, int
   if (lane < 2) cp_async16(slot + SMB + CWB + 16 * lane, blk + ((SEGTAB_OFF + 4 * s0) & ~15) + 16 * lane, 16);
   const EntryWindow ew = entry_window(sw.lo, sw.hi);
   if (!ew.over && lane < ew.nch) cp_async16(slot + SMB + CWB + SEGB + 16 * lane, blk + ew.a0 + 16 * lane, 16);
-}
-
-// The copy-engine variant: lane 0 issues one bulk copy per contiguous part (sign/mantissa bytes,
-// code words, segment-table chunks, entry chunks) completing on `bar`; returns the bytes announced.
-__device__ __forceinline__ u32 issue_slice_bulk(u8* slot, const u8* pool, i64 e, int s0, SegWords sw,
-                                                unsigned long long* bar) {
-  if (!compressed(e)) return 0u;
-  const u8* blk = pool + e;
-  const EntryWindow ew = entry_window(sw.lo, sw.hi);
-  bulk_copy_g2s(slot, blk + 1024 * s0, SMB, bar);
-  bulk_copy_g2s(slot + SMB, blk + CODE_OFF + 384 * s0, CWB, bar);
-  bulk_copy_g2s(slot + SMB + CWB, blk + ((SEGTAB_OFF + 4 * s0) & ~15), SEGB, bar);
-  u32 bytes = SMB + CWB + SEGB;
-  if (!ew.over && ew.nch > 0) {
-    bulk_copy_g2s(slot + SMB + CWB + SEGB, blk + ew.a0, 16u * ew.nch, bar);
-    bytes += 16u * ew.nch;
-  }
-  return bytes;
-}
-
-__device__ __forceinline__ u32 slice_bytes(i64 e, SegWords sw) {
-  if (!compressed(e)) return 0u;
-  const EntryWindow ew = entry_window(sw.lo, sw.hi);
-  return SMB + CWB + SEGB + (!ew.over && ew.nch > 0 ? 16u * ew.nch : 0u);
-}
-
-// Issue both kinds of one stage: LOADER 0 one cp.async group, LOADER 1 bulk copies on the stage's barrier.
-__device__ __forceinline__ void issue_stage(u8* sk, u8* sv, const u8* k_pool, const u8* v_pool, i64 ek, i64 ev,
-                                            int s0, SegWords swk, SegWords swv, unsigned long long* bar, int lane) {
-#if LOADER == 1
-  if (lane == 0) {
-    mbar_arrive_expect_tx(bar, slice_bytes(ek, swk) + slice_bytes(ev, swv));
-    issue_slice_bulk(sk, k_pool, ek, s0, swk, bar);
-    issue_slice_bulk(sv, v_pool, ev, s0, swv, bar);
-  }
-#else
-  issue_slice(sk, k_pool, ek, s0, swk, lane);
-  issue_slice(sv, v_pool, ev, s0, swv, lane);
-  cp_async_commit();
-#endif
 }
 
 // Decode one kind's staged segments into the consumer's 16-row buffer `dec`.
@@ -301,9 +258,7 @@ gaac_v3_decode_split(const u16* __restrict__ q,          // [B, Hkv*G, D]
                      int hkv, int max_blocks, int tokens_per_split, float scale_log2) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ __align__(8) unsigned long long full[DS * W], empty[DS * W];
-#if LOADER == 1
-  __shared__ __align__(8) unsigned long long cbar[S * NPROD];  // compressed stage landed (bytes counted)
-#endif
+
   const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int splits = gridDim.x;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -322,9 +277,6 @@ gaac_v3_decode_split(const u16* __restrict__ q,          // [B, Hkv*G, D]
       mbar_init(full + i, 32 * PPC);  // every lane of the consumer's producers arrives
       mbar_init(empty + i, 32);       // every lane of the consumer arrives
     }
-#if LOADER == 1
-    for (int i = 0; i < S * NPROD; ++i) mbar_init(cbar + i, 1);
-#endif
     fence_proxy_async();
   }
   __syncthreads();
@@ -368,74 +320,63 @@ gaac_v3_decode_split(const u16* __restrict__ q,          // [B, Hkv*G, D]
     auto tok_of = [&](int it) { return first + it * TILE + crow; };
     auto seg0 = [&](int tok0) { return (tok0 % T) * D / 1024 + PSEG * qq; };  // first segment of this producer
     auto cslot = [&](int it, int kind) { return cring + ((it % S) * NPROD * 2 + pi * 2 + kind) * SLOT; };
-#if LOADER == 1
-    auto stage_bar = [&](int it) { return cbar + (it % S) * NPROD + pi; };
-#else
-    auto stage_bar = [&](int it) { return static_cast<unsigned long long*>(nullptr); };
-#endif
-    // block-table entries of the staged tiles, kept in shared memory from issue to decode (a second
-    // look-up at decode time missed L1 and waited ~2 us per tile: ncu call F4)
-    __shared__ i64 ent_s[S][NPROD][2];
-    // prologue: stages 0 .. S-2 in flight; segment words 1 and entries 2 stages beyond them loaded
+    // The look-ups run ahead asynchronously (cp.async into small shared rings, completed with the
+    // stage groups), so no register ever waits on a global load inside the loop: a tile's block-table
+    // entries are copied at iteration m - 3(S-1), its segment-table words (needing the entry) at
+    // m - 2(S-1), its compressed parts (needing both) at m - (S-1); each step reads what landed S-1
+    // iterations after it was issued. (Register look-ups one stage ahead cost one loaded-latency
+    // round trip per tile: ~2.8 us per slice whatever the work, calls F1-F9.)
+    constexpr int LA = 3 * (S - 1);
+    constexpr int R = LA + 2;                       // ring slots: a tile's metadata lives LA + 1 iterations
+    __shared__ __align__(8) i64 ent_r[R][NPROD][2];  // block-table entries (K, V)
+    __shared__ __align__(8) u32 seg_r[R][NPROD][4];  // segment words (K lo, K hi, V lo, V hi)
+    auto ent_issue = [&](int m, bool sync) {         // lanes 0 / 1: K / V entry of tile m
+      if (lane < 2 && m < n_tiles) {
+        const int blk = tok_of(m) / T;
+        i64* dst = &ent_r[m % R][pi][lane];
+        const i64* src = (lane == 0 ? kt : vt) + blk;
+        if (blk >= nb) *dst = TAIL;
+        else if (sync) *dst = __ldg(src);
+        else cp_async_small<8>(dst, src);
+      }
+    };
+    auto seg_issue = [&](int m, bool sync) {         // lanes 0..3: its segment words (entries landed)
+      if (lane < 4 && m < n_tiles) {
+        const i64 e = ent_r[m % R][pi][lane >> 1];
+        if (compressed(e)) {
+          const u8* src = (lane < 2 ? k_pool : v_pool) + e + SEGTAB_OFF + 4 * (seg0(tok_of(m)) + (lane & 1) * PSEG);
+          u32* dst = &seg_r[m % R][pi][lane];
+          if (sync) *dst = ldg32(src);
+          else cp_async_small<4>(dst, src);
+        }
+      }
+    };
+    auto main_issue = [&](int m) {                   // every lane: the compressed parts of tile m
+      if (m >= n_tiles) return;
+      const i64 ek = ent_r[m % R][pi][0], ev = ent_r[m % R][pi][1];
+      const u32* sw = seg_r[m % R][pi];
+      const int s0 = seg0(tok_of(m));
+      issue_slice(cslot(m, 0), k_pool, ek, s0, SegWords{sw[0], sw[1]}, lane);
+      issue_slice(cslot(m, 1), v_pool, ev, s0, SegWords{sw[2], sw[3]}, lane);
+    };
+    // prologue: the metadata the first iterations need, loaded directly; stages 0 .. S-2 in flight
+    for (int m = 0; m < LA; ++m) ent_issue(m, true);
+    __syncwarp();
+    for (int m = 0; m < 2 * (S - 1); ++m) seg_issue(m, true);
+    __syncwarp();
 #pragma unroll
-    for (int s = 0; s < S - 1; ++s) {
-      if (s < n_tiles) {
-        const int tok0 = tok_of(s), s0 = seg0(tok0);
-        const i64 ek = lookup(kt, nb, tok0), ev = lookup(vt, nb, tok0);
-        issue_stage(cslot(s, 0), cslot(s, 1), k_pool, v_pool, ek, ev, s0, seg_words(k_pool, ek, s0),
-                    seg_words(v_pool, ev, s0), stage_bar(s), lane);
-        if (lane == 0) ent_s[s][pi][0] = ek, ent_s[s][pi][1] = ev;
-      }
-#if LOADER == 0
-      else cp_async_commit();
-#endif
+    for (int m = 0; m < S - 1; ++m) {
+      main_issue(m);
+      cp_async_commit();
     }
-    // pipeline of look-ups: e*_n / s*_n = stage to issue next (entries + segment words), e*_nn /
-    // s*_nn = the one after (entries + segment words), e*_n3 = the one after that (entries)
-    i64 ek_n = TAIL, ev_n = TAIL, ek_nn = TAIL, ev_nn = TAIL, ek_n3 = TAIL, ev_n3 = TAIL;
-    SegWords sk_n{0u, 0u}, sv_n{0u, 0u}, sk_nn{0u, 0u}, sv_nn{0u, 0u};
-    if (S - 1 < n_tiles) {
-      const int tok0 = tok_of(S - 1);
-      ek_n = lookup(kt, nb, tok0), ev_n = lookup(vt, nb, tok0);
-      sk_n = seg_words(k_pool, ek_n, seg0(tok0)), sv_n = seg_words(v_pool, ev_n, seg0(tok0));
-    }
-    if (S < n_tiles) {
-      const int tok0 = tok_of(S);
-      ek_nn = lookup(kt, nb, tok0), ev_nn = lookup(vt, nb, tok0);
-      sk_nn = seg_words(k_pool, ek_nn, seg0(tok0)), sv_nn = seg_words(v_pool, ev_nn, seg0(tok0));
-    }
-    if (S + 1 < n_tiles) ek_n3 = lookup(kt, nb, tok_of(S + 1)), ev_n3 = lookup(vt, nb, tok_of(S + 1));
     for (int it = 0; it < n_tiles; ++it) {
-#if LOADER == 1
-      mbar_wait(stage_bar(it), (it / S) & 1);
-#else
       cp_async_wait<S - 2>();
-#endif
-      __syncwarp();  // stage `it` landed; every lane is done with the slot refilled below
-      const i64 ek = ent_s[it % S][pi][0], ev = ent_s[it % S][pi][1];
-      __syncwarp();  // every lane read this stage's entries before lane 0 overwrites the slot below
-      {
-        const int nx = it + S - 1;
-        if (nx < n_tiles) {
-          const int s0 = seg0(tok_of(nx));
-#if LOADER == 1
-          fence_proxy_async();  // this slot's generic reads (decode of tile it - 1) before the copy engine's writes
-#endif
-          issue_stage(cslot(nx, 0), cslot(nx, 1), k_pool, v_pool, ek_n, ev_n, s0, sk_n, sv_n, stage_bar(nx), lane);
-          if (lane == 0) ent_s[nx % S][pi][0] = ek_n, ent_s[nx % S][pi][1] = ev_n;
-        }
-#if LOADER == 0
-        else cp_async_commit();
-#endif
-        // shift the look-ups; the new ones are first used one or two iterations from now
-        ek_n = ek_nn, ev_n = ev_nn, sk_n = sk_nn, sv_n = sv_nn;
-        ek_nn = ek_n3, ev_nn = ev_n3;
-        if (nx + 2 < n_tiles) {
-          const int s2 = seg0(tok_of(nx + 2));
-          sk_nn = seg_words(k_pool, ek_nn, s2), sv_nn = seg_words(v_pool, ev_nn, s2);
-        }
-        if (nx + 3 < n_tiles) ek_n3 = lookup(kt, nb, tok_of(nx + 3)), ev_n3 = lookup(vt, nb, tok_of(nx + 3));
-      }
+      __syncwarp();  // stage `it` landed (and every copy issued S - 1 iterations ago); the slots refilled below are free
+      const i64 ek = ent_r[it % R][pi][0], ev = ent_r[it % R][pi][1];
+      main_issue(it + S - 1);
+      seg_issue(it + 2 * (S - 1), false);
+      ent_issue(it + LA, false);
+      cp_async_commit();
       const int slot = it % DS;
       if (it >= DS) mbar_wait(empty + slot * W + c, ((it / DS) + 1) & 1);
       u16* dk = ring + (slot * W + c) * 2 * DEC;
@@ -456,9 +397,7 @@ gaac_v3_decode_split(const u16* __restrict__ q,          // [B, Hkv*G, D]
       }
       mbar_arrive(full + slot * W + c);
     }
-#if LOADER == 0
     cp_async_wait<0>();
-#endif
   }
   __syncthreads();
   attend::finish(st, smem, attend::Output{part_o, part_lse, out, counters, static_cast<i64>(b) * hq_total + hq0, bh,

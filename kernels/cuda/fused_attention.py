@@ -28,8 +28,7 @@ from . import runtime
 from .attention import LOG2E, _choose_splits, _counters
 from .attention import MAX_SMEM as _MAX_DYNAMIC
 
-# the kernel's static shared memory (mbarriers, staged entries: < 1.5 KB) comes out of the same 227 KB
-MAX_SMEM = _MAX_DYNAMIC - 2048
+MAX_SMEM = _MAX_DYNAMIC  # dynamic + static shared memory of one CTA
 
 SOURCE = "decode_attention_v3.cu"
 HEAD_DIMS = (64, 128, 256)
@@ -63,6 +62,18 @@ def smem_bytes(d: int, warps: int, stages: int, dec_stages: int = 2, pseg: int |
     return dec_stages * warps * 2 * 16 * (d + 8) * 2 + 4 * d + stages * producers * 2 * _slot_bytes(d, pseg)
 
 
+def static_bytes(d: int, warps: int, stages: int, pseg: int | None = None) -> int:
+    """The kernel's static shared memory: the metadata rings (3 (stages - 1) + 2 slots of two entries
+    and four segment words per producer) and the mbarriers (+ slack for the compiler's own)."""
+    producers = warps * producers_per_consumer(d, pseg)
+    return (3 * (stages - 1) + 2) * producers * 32 + 2 * 2 * warps * 8 + 256
+
+
+def cta_bytes(d: int, warps: int, stages: int, pseg: int | None = None) -> int:
+    """Shared memory of one CTA, dynamic + static."""
+    return smem_bytes(d, warps, stages, pseg=pseg) + static_bytes(d, warps, stages, pseg)
+
+
 def threads_of(d: int, warps: int, pseg: int | None = None) -> int:
     return 32 * warps * (1 + producers_per_consumer(d, pseg))
 
@@ -73,10 +84,10 @@ def default_stages(d: int, warps: int, pseg: int | None = None) -> int:
     the number of producer warps per SM and does not change with ring depth beyond 3 stages."""
     for ctas in (3, 2):
         for s in range(8, 2, -1):
-            if ctas * (smem_bytes(d, warps, s, pseg=pseg) + 2048) <= 228 * 1024:
+            if ctas * (cta_bytes(d, warps, s, pseg) + 1024) <= 228 * 1024:
                 return s
     for s in range(8, 1, -1):  # else one CTA per SM with the deepest ring that fits
-        if smem_bytes(d, warps, s, pseg=pseg) <= MAX_SMEM:
+        if cta_bytes(d, warps, s, pseg) <= MAX_SMEM:
             return s
     return 2
 
@@ -85,7 +96,7 @@ def max_ctas_per_sm(d: int, warps: int, stages: int, group: int, pseg: int | Non
     """Most resident CTAs per SM that shared memory and the kernel's registers allow."""
     need = (_REGS_NEEDED if group <= 8 else _REGS_NEEDED_G16).get((d, segments_per_producer(d, pseg)), 255)
     threads = threads_of(d, warps, pseg)
-    return max([c for c in range(1, 9) if c * (smem_bytes(d, warps, stages, pseg=pseg) + 2048) <= 228 * 1024
+    return max([c for c in range(1, 9) if c * (cta_bytes(d, warps, stages, pseg) + 1024) <= 228 * 1024
                 and 65536 // (threads * c) >= need and threads * c <= 2048] or [1])
 
 
@@ -95,8 +106,6 @@ _REGS_NEEDED = {(64, 1): 102, (128, 1): 93, (128, 2): 127, (256, 1): 152, (256, 
 _REGS_NEEDED_G16 = {(64, 1): 136, (128, 1): 160, (128, 2): 160, (256, 1): 200, (256, 2): 200}
 DEFAULT_WARPS = 2      # consumer warps (the BF16 twin's warps for bit identity)
 DEFAULT_PRODUCER_SEGMENTS = 2
-_LOADERS = {"cp.async": 0, "bulk": 1}  # producers' copies: 16 B per lane, or the copy engine (one lane per part)
-DEFAULT_LOADER = "cp.async"  # measured: the copy engine was 7% slower (call F7)
 
 
 def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, max_tokens: int,
@@ -105,9 +114,9 @@ def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, 
 
     ``config.num_warps``: consumer warps (the producers come on top, :func:`producers_per_consumer`);
     ``config.num_stages``: depth of the compressed ring (the decoded ring has 2 slots)."""
-    loader = config.loader or DEFAULT_LOADER
-    if loader not in _LOADERS:
-        raise ValueError(f"loader must be one of {sorted(_LOADERS)}, got {loader!r}")
+    if config.loader not in (None, "cp.async"):
+        raise ValueError(f"the fused kernel stages compressed tiles with cp.async (the copy engine measured 7% "
+                         f"slower, lab/cuda-decode-notebook.md call F7), got loader={config.loader!r}")
     warps = config.num_warps or DEFAULT_WARPS
     pseg = config.producer_segments
     if pseg not in (None, 1, 2):
@@ -116,7 +125,8 @@ def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, 
     tile = 16 * warps
     threads = threads_of(head_dim, warps, pseg)
     smem = smem_bytes(head_dim, warps, stages, pseg=pseg)
-    if smem > MAX_SMEM:
+    static = static_bytes(head_dim, warps, stages, pseg)
+    if smem + static > MAX_SMEM:
         raise ValueError(f"head_dim {head_dim} with {warps} warps x {stages} stages needs {smem} B of shared memory "
                          f"per CTA (at most {MAX_SMEM}): use fewer warps or stages")
     splits = config.num_splits
@@ -129,16 +139,16 @@ def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, 
             config = replace(config, ctas_per_sm=max_ctas_per_sm(head_dim, warps, stages, group, pseg))
         table = _REGS_NEEDED if group <= 8 else _REGS_NEEDED_G16
         need = {head_dim: table.get((head_dim, segments_per_producer(head_dim, pseg)), 255)}
-        splits, per_sm = _choose_splits(batch * kv_heads, max_tokens, tile, smem, head_dim, device, config,
+        splits, per_sm = _choose_splits(batch * kv_heads, max_tokens, tile, smem + static, head_dim, device, config,
                                         regs_needed=need, threads=threads)
     tps = math.ceil(math.ceil(max_tokens / splits) / tile) * tile
     splits = max(1, math.ceil(max_tokens / tps))
     nt8 = 8 * math.ceil(group / 8)
     smem = max(smem, 4 * (2 * warps * nt8 + warps * nt8 * head_dim), 4 * group * splits)
-    if smem > MAX_SMEM:
+    if smem + static > MAX_SMEM:
         raise ValueError(f"{splits} splits x {group} heads do not fit the merge in shared memory")
     defines = dict(HEAD_DIM=head_dim, QUERY_GROUP=group, PAGE=block_size, WARPS=warps, STAGES=stages,
-                   DEC_STAGES=2, MIN_CTAS_PER_SM=per_sm, ENTRY_CHUNKS=entry_chunks(head_dim, pseg), LOADER=_LOADERS[loader],
+                   DEC_STAGES=2, MIN_CTAS_PER_SM=per_sm, ENTRY_CHUNKS=entry_chunks(head_dim, pseg),
                    PROD_SEGS=segments_per_producer(head_dim, pseg))
     return dict(defines=defines, smem=smem, splits=splits, tokens_per_split=tps, threads=threads, warps=warps)
 
