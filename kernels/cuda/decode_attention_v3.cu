@@ -147,8 +147,8 @@ __device__ __forceinline__ void issue_slice(u8* slot, const u8* pool, i64 e, int
 //   q: the producer's index within its consumer (its segments are PSEG*q .. of the 16 rows)
 //   b8p: this lane's column's 4 pre-shifted base8 pairs; dbp_s: [D/2] (base16 - base8) pairs in shared
 //   memory; blk: the block in global memory (raw words, and entry lists that did not fit the stage).
-__device__ __forceinline__ void decode_slice(u16* dec, const u8* slot, const u8* blk, int s0, int q,
-                                             const u32 (&b8p)[4], const u32* dbp_s, int lane) {
+// Main path: every group as 3-bit (core.cuh decode_chunk), one chunk per lane per segment.
+__device__ __forceinline__ void decode_main(u16* dec, const u8* slot, int q, const u32 (&b8p)[4], int lane) {
   using namespace gaac_v3;
   const int col = lane % COLS;
 #pragma unroll
@@ -164,6 +164,13 @@ __device__ __forceinline__ void decode_slice(u16* dec, const u8* slot, const u8*
 #pragma unroll
     for (int rr = 0; rr < 4; ++rr) sts128(dst + rr * ROW, v[4 * rr], v[4 * rr + 1], v[4 * rr + 2], v[4 * rr + 3]);
   }
+}
+
+// Fix-up: the segments' entry list, one lane per wide group (after a __syncwarp that makes the
+// main path's rows visible to every lane).
+__device__ __forceinline__ void decode_fix(u16* dec, const u8* slot, const u8* blk, int s0, int q, const u32* dbp_s,
+                                           int lane) {
+  using namespace gaac_v3;
   const u8* seg = slot + SMB + CWB + ((4 * s0) & 15);
   const u32 w0 = lds32(seg), wn = lds32(seg + 4 * PSEG);
   const int e0 = static_cast<int>(w0 & 0xFFFFu), n = static_cast<int>(wn & 0xFFFFu) - e0;
@@ -174,7 +181,6 @@ __device__ __forceinline__ void decode_slice(u16* dec, const u8* slot, const u8*
   const EntryWindow ew = entry_window(w0, wn);
   const u8* staged = slot + SMB + CWB + SEGB;
   int rbase = static_cast<int>(w0 >> 16);
-  __syncwarp();  // fix-up lanes read rows other lanes stored
   for (int j = 0; j < n; j += 32) {  // warp-uniform trip count
     const int idx = e0 + j + lane;
     const bool act = j + lane < n;
@@ -382,14 +388,19 @@ gaac_v3_decode_split(const u16* __restrict__ q,          // [B, Hkv*G, D]
       u16* dk = ring + (slot * W + c) * 2 * DEC;
       u16* dv = dk + DEC;
       const int tok0 = tok_of(it), r0 = tok0 % T, s0 = seg0(tok0);
+      // main paths of K and V back to back (independent: the scheduler interleaves them), one
+      // __syncwarp, then the two fix-ups
+      if (compressed(ek)) decode_main(dk, cslot(it, 0), qq, kb8, lane);
+      if (compressed(ev)) decode_main(dv, cslot(it, 1), qq, vb8, lane);
+      __syncwarp();
       if (compressed(ek)) {
-        decode_slice(dk, cslot(it, 0), k_pool + ek, s0, qq, kb8, dbp_s, lane);
+        decode_fix(dk, cslot(it, 0), k_pool + ek, s0, qq, dbp_s, lane);
       } else {
         direct_rows(dk, ek == TAIL ? ktail + r0 * D : reinterpret_cast<const u16*>(k_pool + (ek & ~1LL)) + r0 * D,
                     qq, tok0, lo, hi, lane);
       }
       if (compressed(ev)) {
-        decode_slice(dv, cslot(it, 1), v_pool + ev, s0, qq, vb8, dbp_s + D / 2, lane);
+        decode_fix(dv, cslot(it, 1), v_pool + ev, s0, qq, dbp_s + D / 2, lane);
         mask_rows(dv, qq, tok0, lo, hi, lane);
       } else {
         direct_rows(dv, ev == TAIL ? vtail + r0 * D : reinterpret_cast<const u16*>(v_pool + (ev & ~1LL)) + r0 * D,
