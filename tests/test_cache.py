@@ -411,8 +411,9 @@ def test_special_values_survive_the_cache_bit_for_bit(model_tok, table, codec_pa
     assert layer.num_blocks > 0
     assert layer.pools[0].triton == (codec_path == "triton")
     t = layer.geometry.block_size
-    for kind in (0, 1):
-        blocks = layer.full(kind)[:, :, : layer.num_blocks * t].unflatten(2, (layer.num_blocks, t)).float()
+    for kind in (0, 1):  # DynamicCache's K/V: the bits the cache was just checked to return (no second decode)
+        full = (dyn.layers[0].keys, dyn.layers[0].values)[kind]
+        blocks = full[:, :, : layer.num_blocks * t].unflatten(2, (layer.num_blocks, t)).float()
         in_slot = layer.tables[kind][:, :, : layer.num_blocks] >= 0  # [B, H, blocks]: compressed, not raw
         special = (torch.isnan(blocks) | torch.isinf(blocks) | (blocks == 0)).flatten(3).any(-1)
         assert (special & in_slot).any(), "no special value went through an encoded slot"
