@@ -100,6 +100,7 @@ def main(argv=None) -> int:
     ap.add_argument("--scale", choices=("static", "prompt"), default="static",
                     help="static: the calibration scale (vLLM k_scale/v_scale); prompt: each sequence's own amax scale, as "
                          "transformers' fp8 cache sets it at the prefill, with the windows shifted by round(log2(s_cal / s))")
+    ap.add_argument("--no-candidates", action="store_true", help="skip the code-width candidates (faster)")
     ap.add_argument("--name", default=None, help="name in the output file (default: the --model)")
     ap.add_argument("--out", default=None, help="default: eval/results/compression_fp8_<name>.json")
     args = ap.parse_args(argv)
@@ -170,7 +171,7 @@ def main(argv=None) -> int:
                 tot["modes"][kind] += torch.bincount(enc.modes.reshape(-1), minlength=3)
                 fl = blocks.view(fp8_dtype(dtype)).float()
                 tot["nonfinite_codes"] += int((~torch.isfinite(fl)).sum())
-                if args.scale == "static":  # the candidates' windows come from the calibration histograms as they are
+                if args.scale == "static" and not args.no_candidates:  # candidates' windows: the calibration histograms
                     e = split_fp8(blocks, g)[0]
                     hist_b = hists[li, kind].repeat_interleave(nb, 0)
                     for c in CANDIDATES:
@@ -195,7 +196,7 @@ def main(argv=None) -> int:
             "raw_block_share": round(tot["raw_blocks"] / tot["blocks"], 6),
             "blocks": tot["blocks"], "values": values, "side_bytes": side,
             "nonfinite_codes": tot["nonfinite_codes"],
-            "size_model_equals_codec": bool(model_matches) if args.scale == "static" else None,
+            "size_model_equals_codec": bool(model_matches) if args.scale == "static" and not args.no_candidates else None,
             "candidates_ratio": {f"narrow{a}_wide{b}" + (" (chosen)" if (a, b) == (NARROW_BITS, WIDE_BITS) else ""):
                                  ratio(v) for (a, b), v in cand.items() if v},
         }
