@@ -124,14 +124,19 @@ def test_paged_kv_counts_shared_and_follow_the_cache():
 
 def test_decoder_row_scratch_is_reused_and_grown():
     """The fast decoders' row-offset scratch (kernels.decode._row_scratch) is one buffer per device and
-    stream: a smaller call reuses it, a larger one grows it, and the bits are those of the data."""
+    stream: a smaller call reuses it, a larger one grows it, and the bits are those of the data.
+
+    The growth is exercised with a planted undersized buffer (the floor is 4,096 rows, which a decode
+    only outgrows past 256 blocks of 16 tokens: minutes in the Triton interpreter), so a decode that
+    needs more rows than the buffer holds really runs on the grown one; the size rule past the floor
+    is checked on the allocator itself."""
     import gaac_hf.kernels.triton.decode as Dk
     from gaac_hf.codec import encode_blocks, pack_escapes
     from gaac_hf.calibration.synthetic import calibrate, synthetic_kv
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: the Triton interpreter (conftest.py)
     geom = BlockGeometry(block_size=16, head_dim=64)
-    x = synthetic_kv((1, 1, 16 * 300, 64), "k", seed=3, device=dev)[0, 0].reshape(300, 16, 64)
+    x = synthetic_kv((1, 1, 16 * 12, 64), "k", seed=3, device=dev)[0, 0].reshape(12, 16, 64)
     b8, b16 = calibrate(x.reshape(1, 1, -1, 64))
     b8, b16 = b8[0], b16[0]
     enc = encode_blocks(x, b8, b16, geom)
@@ -139,12 +144,17 @@ def test_decoder_row_scratch_is_reused_and_grown():
     heap, start = pack_escapes(enc.escapes, enc.escape_len)
     Dk._ROW_SCRATCH.clear()
     small = Dk.decode_blocks_triton(enc.slots[:2], (heap, start[:2]), b8, b16, geom, fast=True)
-    buf = next(iter(Dk._ROW_SCRATCH.values()))
+    assert len(Dk._ROW_SCRATCH) == 1
+    key, buf = next(iter(Dk._ROW_SCRATCH.items()))
     assert buf.numel() == 4096  # the floor: 2 blocks x 16 rows need 32
     again = Dk.decode_blocks_triton(enc.slots[:2], (heap, start[:2]), b8, b16, geom, fast=True)
-    assert next(iter(Dk._ROW_SCRATCH.values())) is buf
-    big = Dk.decode_blocks_triton(enc.slots, (heap, start), b8, b16, geom, fast=True)  # 300 x 16 > 4096
-    assert len(Dk._ROW_SCRATCH) == 1 and next(iter(Dk._ROW_SCRATCH.values())).numel() == 300 * 16
+    assert Dk._ROW_SCRATCH[key] is buf
+    planted = Dk._ROW_SCRATCH[key] = torch.full((32,), -1, dtype=torch.int16, device=buf.device)  # 2 blocks' worth
+    big = Dk.decode_blocks_triton(enc.slots, (heap, start), b8, b16, geom, fast=True)  # 12 x 16 rows > 32
+    grown = Dk._ROW_SCRATCH[key]
+    assert len(Dk._ROW_SCRATCH) == 1 and grown is not planted and grown.numel() >= 12 * 16
+    assert Dk._row_scratch(300 * 16, buf.device).numel() == 300 * 16  # past the floor: exactly what is asked
+    assert Dk._row_scratch(100, buf.device).numel() == 300 * 16  # and then reused by smaller calls
     bits = x.view(torch.int16)
     assert torch.equal(small.view(torch.int16), bits[:2]) and torch.equal(again.view(torch.int16), bits[:2])
     assert torch.equal(big.view(torch.int16), bits)

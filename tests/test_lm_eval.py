@@ -69,6 +69,58 @@ def test_model_registered_only_by_its_module():
     assert out == ["False", "GAACLM"]
 
 
+ENTRY_POINT_RUN = """
+import importlib.metadata as md, json, sys
+import lm_eval, lm_eval.api.registry as r
+from lm_eval.tasks import TaskManager
+from gaac_hf.integrations.lm_eval import TASKS_DIR
+
+# what lm-eval releases after 0.4.13 do with the `lm_eval.models` group (0.4.13's registry already takes
+# EntryPoint placeholders; it only does not scan the group itself)
+eps = [ep for ep in md.entry_points(group="lm_eval.models") if ep.name == "hf-gaac"]
+for ep in eps:
+    r.model_registry.register(ep.name, target=ep)
+before = "gaac_hf.integrations.lm_eval.model" in sys.modules
+cls = r.get_model("hf-gaac")
+res = lm_eval.simple_evaluate(model="hf-gaac", model_args=sys.argv[1], tasks=["gaac_piqa"], limit=1,
+                              task_manager=TaskManager(include_path=str(TASKS_DIR)), bootstrap_iters=0,
+                              verbosity="WARNING")
+print(json.dumps({"entry_points": [ep.value for ep in eps], "imported_before_lookup": before,
+                  "cls": f"{cls.__module__}:{cls.__qualname__}", "model": res["config"]["model"],
+                  "acc": res["results"]["gaac_piqa"]["acc,none"], "n": res["n-samples"]["gaac_piqa"]["effective"]}))
+"""
+
+
+def test_entry_point_resolves_through_lm_eval_registry(table, tmp_path):
+    """`lm_eval --model hf-gaac` on lm-eval releases that read entry points: the declared entry point,
+    found in the installed distribution's metadata and registered lazily in lm-eval's own registry (as
+    those releases do), resolves to GAACLM and runs a shipped task by name, offline, from another
+    directory. (Without `_register_once` the module's own registration collides with the placeholder.)"""
+    args = f"pretrained=smollm2,gaac=true,calibration={table},prefill_chunk=64,max_length=512"
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1")
+    r = subprocess.run([sys.executable, "-c", ENTRY_POINT_RUN, args], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    rep = json.loads(r.stdout.strip().splitlines()[-1])
+    assert rep["entry_points"] == ["gaac_hf.integrations.lm_eval.model:GAACLM"], rep
+    assert not rep["imported_before_lookup"] and rep["cls"] == rep["entry_points"][0], rep
+    assert rep["model"] == "hf-gaac" and rep["n"] == 1 and rep["acc"] in (0.0, 1.0), rep
+
+
+def test_shipped_entry_point_matches_setup_cfg():
+    """The entry point the installed metadata carries is the one setup.cfg declares (a stale editable
+    install would test an old target)."""
+    import configparser
+    import importlib.metadata as md
+
+    cfg = configparser.ConfigParser()
+    cfg.read(REPO / "setup.cfg")
+    declared = dict(line.split("=", 1) for line in cfg["options.entry_points"]["lm_eval.models"].strip().splitlines())
+    declared = {k.strip(): v.strip() for k, v in declared.items()}
+    found = {ep.name: ep.value for ep in md.entry_points(group="lm_eval.models") if ep.name in declared}
+    assert declared == {"hf-gaac": "gaac_hf.integrations.lm_eval.model:GAACLM"} and found == declared
+
+
 def test_comparison_is_exact(parity):
     x = -12.5
     assert parity.same([[(x, True)]], [[(float("-12.5"), True)]])
@@ -109,7 +161,9 @@ def _tiny_args(table: Path, out: Path, tasks: str, **over) -> list[str]:
             "--threads": "1"}  # one torch thread: ~10x faster on a shared 2-core machine (docs/LM_EVAL.md)
     args.update(over)
     argv = [x for kv in args.items() for x in kv]
-    return argv + ["--task-limit", "gaac_wikitext=1"]
+    # one long WikiText article (many rolling windows); one sample of each generation task (24 greedy tokens each,
+    # token by token through the cache): the same comparisons as two, at half the decode steps
+    return argv + ["--task-limit", "gaac_wikitext=1", "--task-limit", "gaac_gsm8k=1", "--task-limit", "gaac_humaneval=1"]
 
 
 def test_parity_tiny(parity, table, tmp_path):

@@ -41,3 +41,34 @@ def test_ci_runs_the_readme_commands():
     ci = (REPO / ".ci" / "run").read_text()
     for cmd in re.findall(r"```bash\n(bash scripts/install\.sh|python -m pytest -q)\n```", README):
         assert cmd in ci, f"CI does not run the README command {cmd!r}"
+
+
+def _resolves(path: str) -> bool:
+    """``a.b.c`` names an importable module, or an attribute reached from the longest importable prefix."""
+    import importlib
+
+    parts = path.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        try:
+            for name in parts[i:]:
+                obj = getattr(obj, name)
+        except AttributeError:
+            return False
+        return True
+    return False
+
+
+def test_every_import_path_in_the_docs_resolves():
+    """Every dotted ``gaac_hf...`` path and every ``from gaac_hf... import X`` in the README and docs/ works
+    (old paths are either shims or gone from the text)."""
+    text = README + "".join(p.read_text() for p in sorted((REPO / "docs").glob("*.md")))
+    paths = set(re.findall(r"gaac_hf(?:\.[A-Za-z_]\w*)+", text))
+    for mod, names in re.findall(r"from (gaac_hf[\w.]*) import ([\w, ]+)", text):
+        paths |= {f"{mod}.{n.strip()}" for n in names.split(",") if n.strip()}
+    assert len(paths) > 30, sorted(paths)
+    bad = sorted(p for p in paths if not _resolves(p))
+    assert not bad, f"the README / docs name import paths that do not exist: {bad}"

@@ -90,7 +90,7 @@ def test_v2_geometry_refused_and_v3_round_trip():
     assert GeometryV3.from_dict(g.to_dict()) == g and g.to_dict()["format_version"] == FORMAT_VERSION == 3
     with pytest.raises(ValueError, match="version 2 is not supported.*windows carry over"):
         GeometryV3.from_dict({"block_size": 64, "head_dim": 64, "group_axis": "channel", "format_version": 2})
-    with pytest.raises(ValueError, match="reserved"):
+    with pytest.raises(ValueError, match="not BF16 tiles.*GeometryFP8"):
         GeometryV3.from_dict(g.to_dict() | {"dtype": "fp8_e4m3"})
     with pytest.raises(ValueError, match="channels only"):
         GeometryV3.from_dict(g.to_dict() | {"group_axis": "token"})

@@ -149,6 +149,54 @@ def group_modes_v3(e: torch.Tensor, b8: torch.Tensor, b16: torch.Tensor) -> torc
     return torch.where(fit3, MODE_3BIT, torch.where(fit4, MODE_4BIT, MODE_RAW)).to(torch.int32)
 
 
+def write_listing(rows: torch.Tensor, coded: torch.Tensor, mode: torch.Tensor, g: GeometryV3, *,
+                  raw_word_bytes: int = 4, raw_bits: int = 4) -> torch.Tensor:
+    """Write the code words, segment table, entries and raw words of N blocks into encoder rows.
+
+    rows: uint8 ``[N, cap + 1]`` (column ``cap`` is a sink for bytes past the row). coded: int32
+    ``[N, C, 4, 8]`` coded exponents; mode: int32 ``[N, C, 4]``. A raw group's word holds bits
+    ``4 .. 4 + raw_bits`` of its 8 codes: channel 2p's at bit ``raw_bits * p``, channel 2p+1's at
+    ``raw_bits * (4 + p)`` (BF16: 4 bits in a u32; FP8 E5M2: 1 bit in a u8), at offsets aligned to the
+    word. Returns int64 ``[N]`` stored lengths (16-byte multiples).
+    """
+    n, dev, cap = rows.shape[0], rows.device, rows.shape[1] - 1
+    words = pack_code_words(coded & 7)  # [N, C, 3]
+    flat = torch.zeros(n, CODE_WORDS * g.chunks, dtype=torch.int64, device=dev)
+    flat[:, code_word_index(g, dev).reshape(-1)] = words.reshape(n, -1)
+    rows[:, g.code_offset : g.code_offset + g.code_bytes] = _u32_bytes(flat)
+
+    # entries and raw words, in group order (chunk-major, row-minor)
+    wide = (mode != MODE_3BIT).reshape(n, -1).to(torch.int64)  # [N, G]
+    raw = (mode == MODE_RAW).reshape(n, -1).to(torch.int64)
+    c_ = coded.to(torch.int64)
+    p = torch.arange(4, device=dev, dtype=torch.int64)
+    h = ((((c_[..., 0::2] >> 3) & 1) << p) | (((c_[..., 1::2] >> 3) & 1) << (4 + p))).sum(-1)  # [N, C, 4]
+    rword = (((c_[..., 0::2] >> 4) << (raw_bits * p)) | ((c_[..., 1::2] >> 4) << (raw_bits * (4 + p)))).sum(-1)
+    pos = (torch.arange(g.chunks, device=dev) % SEGMENT_CHUNKS)[:, None] * CHUNK_ROWS + torch.arange(CHUNK_ROWS, device=dev)
+    entry = (pos.unsqueeze(0) | ((mode == MODE_RAW).to(torch.int64) << 7) | (h << 8)).reshape(n, -1)
+    n_ent, n_raw = wide.sum(-1), raw.sum(-1)
+    ent_rank = torch.cumsum(wide, -1) - wide
+    raw_rank = torch.cumsum(raw, -1) - raw
+    raw_off = _align(g.entry_offset + 2 * n_ent, raw_word_bytes)
+    nbytes = _align(raw_off + raw_word_bytes * n_raw, ALIGN)
+
+    def put(dest: torch.Tensor, keep: torch.Tensor, val: torch.Tensor, width: int) -> None:
+        for b in range(width):
+            d = dest + b
+            d = torch.where(keep.bool() & (d < cap), d, cap)
+            rows.scatter_(1, d, ((val >> (8 * b)) & 0xFF).to(torch.uint8))
+
+    put(g.entry_offset + 2 * ent_rank, wide, entry, 2)
+    put(raw_off[:, None] + raw_word_bytes * raw_rank, raw, rword.reshape(n, -1), raw_word_bytes)
+    # segment table: entry and raw counts before each segment boundary
+    cw = torch.cat([torch.zeros_like(wide[:, :1]), torch.cumsum(wide, -1)], -1)
+    cr = torch.cat([torch.zeros_like(raw[:, :1]), torch.cumsum(raw, -1)], -1)
+    bnd = torch.clamp(torch.arange(g.segments + 1, device=dev) * SEGMENT_CHUNKS * CHUNK_ROWS, max=g.groups)
+    segtab = cw[:, bnd] | (cr[:, bnd] << 16)
+    rows[:, g.segtab_offset : g.segtab_offset + g.segtab_bytes] = _u32_bytes(segtab)
+    return nbytes
+
+
 def encode_blocks_v3(x: torch.Tensor, base8: torch.Tensor, base16: torch.Tensor, geometry: GeometryV3) -> EncodedBlocksV3:
     """Encode N blocks.
 
@@ -172,40 +220,7 @@ def encode_blocks_v3(x: torch.Tensor, base8: torch.Tensor, base16: torch.Tensor,
     coded = torch.where((mode == MODE_3BIT)[..., None], e - b8, (e - b16) & 0xFF)
     rows = torch.zeros(n, cap + 1, dtype=torch.uint8, device=dev)  # column cap is a sink for dropped bytes
     rows[:, : g.numel] = sm.reshape(n, -1).to(torch.uint8)
-    words = pack_code_words(coded & 7)  # [N, C, 3]
-    flat = torch.zeros(n, CODE_WORDS * g.chunks, dtype=torch.int64, device=dev)
-    flat[:, code_word_index(g, dev).reshape(-1)] = words.reshape(n, -1)
-    rows[:, g.code_offset : g.code_offset + g.code_bytes] = _u32_bytes(flat)
-
-    # entries and raw words, in group order (chunk-major, row-minor)
-    wide = (mode != MODE_3BIT).reshape(n, -1).to(torch.int64)  # [N, G]
-    raw = (mode == MODE_RAW).reshape(n, -1).to(torch.int64)
-    c_ = coded.to(torch.int64)
-    p = torch.arange(4, device=dev, dtype=torch.int64)
-    h = ((((c_[..., 0::2] >> 3) & 1) << p) | (((c_[..., 1::2] >> 3) & 1) << (4 + p))).sum(-1)  # [N, C, 4]
-    rword = (((c_[..., 0::2] >> 4) << (4 * p)) | ((c_[..., 1::2] >> 4) << (16 + 4 * p))).sum(-1)
-    pos = (torch.arange(g.chunks, device=dev) % SEGMENT_CHUNKS)[:, None] * CHUNK_ROWS + torch.arange(CHUNK_ROWS, device=dev)
-    entry = (pos.unsqueeze(0) | ((mode == MODE_RAW).to(torch.int64) << 7) | (h << 8)).reshape(n, -1)
-    n_ent, n_raw = wide.sum(-1), raw.sum(-1)
-    ent_rank = torch.cumsum(wide, -1) - wide
-    raw_rank = torch.cumsum(raw, -1) - raw
-    raw_off = _align(g.entry_offset + 2 * n_ent, 4)
-    nbytes = _align(raw_off + 4 * n_raw, ALIGN)
-
-    def put(dest: torch.Tensor, keep: torch.Tensor, val: torch.Tensor, width: int) -> None:
-        for b in range(width):
-            d = dest + b
-            d = torch.where(keep.bool() & (d < cap), d, cap)
-            rows.scatter_(1, d, ((val >> (8 * b)) & 0xFF).to(torch.uint8))
-
-    put(g.entry_offset + 2 * ent_rank, wide, entry, 2)
-    put(raw_off[:, None] + 4 * raw_rank, raw, rword.reshape(n, -1), 4)
-    # segment table: entry and raw counts before each segment boundary
-    cw = torch.cat([torch.zeros_like(wide[:, :1]), torch.cumsum(wide, -1)], -1)
-    cr = torch.cat([torch.zeros_like(raw[:, :1]), torch.cumsum(raw, -1)], -1)
-    bnd = torch.clamp(torch.arange(g.segments + 1, device=dev) * SEGMENT_CHUNKS * CHUNK_ROWS, max=g.groups)
-    segtab = cw[:, bnd] | (cr[:, bnd] << 16)
-    rows[:, g.segtab_offset : g.segtab_offset + g.segtab_bytes] = _u32_bytes(segtab)
+    nbytes = write_listing(rows, coded, mode, g)
     fits = nbytes <= cap
     return EncodedBlocksV3(rows[:, :cap].contiguous(), nbytes.to(torch.int32), fits,
                            from_chunks(mode.unsqueeze(-1).expand(*mode.shape, GROUP), g)[..., ::GROUP].contiguous())
@@ -278,8 +293,10 @@ def decode_pool_v3(pool: torch.Tensor, entries: torch.Tensor, base8: torch.Tenso
     return out_bits.to(torch.int16).view(torch.bfloat16)
 
 
-def _apply_entries(pool, st, e, lo3, b16, g: GeometryV3, validate: bool) -> torch.Tensor:
-    """The fix-up pass: listed groups get e = (base16 + lo3 + 8 * high) mod 256."""
+def _apply_entries(pool, st, e, lo3, b16, g: GeometryV3, validate: bool, *, raw_word_bytes: int = 4,
+                   raw_bits: int = 4, exp_mask: int = 0xFF) -> torch.Tensor:
+    """The fix-up pass: listed groups get e = (base16 + lo3 + 8 * high) & exp_mask (raw words as in
+    :func:`write_listing`; BF16: defaults, FP8: ``codec.fp8``)."""
     m, dev = st.shape[0], st.device
     seg = _gather_u32(pool, st[:, None] + g.segtab_offset + 4 * torch.arange(g.segments + 1, device=dev))
     ent_start, raw_start = seg & 0xFFFF, seg >> 16
@@ -288,7 +305,7 @@ def _apply_entries(pool, st, e, lo3, b16, g: GeometryV3, validate: bool) -> torc
         lim = torch.tensor([SEGMENT_CHUNKS * CHUNK_ROWS] * g.segments, device=dev)
         lim[-1] = g.groups - SEGMENT_CHUNKS * CHUNK_ROWS * (g.segments - 1)
         d_e, d_r = ent_start.diff(dim=-1), raw_start.diff(dim=-1)
-        nb = _align(_align(g.entry_offset + 2 * n_ent, 4) + 4 * raw_start[:, -1], ALIGN)
+        nb = _align(_align(g.entry_offset + 2 * n_ent, raw_word_bytes) + raw_word_bytes * raw_start[:, -1], ALIGN)
         if bool((ent_start[:, 0] != 0).any() | (raw_start[:, 0] != 0).any() | (d_e < 0).any() | (d_e > lim).any()
                 | (d_r < 0).any() | (d_r > d_e).any()) or int((st + nb).max()) > pool.numel():
             raise ValueError("corrupt GAAC v3 block: bad segment table or block runs past the pool")
@@ -306,8 +323,8 @@ def _apply_entries(pool, st, e, lo3, b16, g: GeometryV3, validate: bool) -> torc
     first = torch.gather(ent_start, 1, s)  # first entry of j's segment
     cum_first = torch.gather(torch.cat([cum, cum.new_zeros(m, 1)], -1), 1, first.clamp(max=jmax))
     ridx = torch.gather(raw_start, 1, s) + cum - cum_first
-    raw_off = _align(g.entry_offset + 2 * n_ent, 4)
-    R = _gather_u32(pool, st[:, None] + raw_off[:, None] + 4 * ridx) * is_raw
+    raw_off = _align(g.entry_offset + 2 * n_ent, raw_word_bytes)
+    R = (_gather_u32(pool, st[:, None] + raw_off[:, None] + raw_word_bytes * ridx) & ((1 << (8 * raw_word_bytes)) - 1)) * is_raw
     chunk = SEGMENT_CHUNKS * s + pos // CHUNK_ROWS
     if validate:
         mseg = torch.clamp(g.chunks - SEGMENT_CHUNKS * s, max=SEGMENT_CHUNKS)
@@ -318,15 +335,16 @@ def _apply_entries(pool, st, e, lo3, b16, g: GeometryV3, validate: bool) -> torc
             raise ValueError("corrupt GAAC v3 block: entry outside its segment or out of order")
     grp = torch.where(valid, chunk * CHUNK_ROWS + pos % CHUNK_ROWS, g.groups)  # g.groups = sink
     p = torch.arange(4, device=dev, dtype=torch.int64)
-    hi_even = ((h[..., None] >> p) & 1) | (((R[..., None] >> (4 * p)) & 0xF) << 1)  # [m, J, 4]
-    hi_odd = ((h[..., None] >> (4 + p)) & 1) | (((R[..., None] >> (16 + 4 * p)) & 0xF) << 1)
+    rmask = (1 << raw_bits) - 1
+    hi_even = ((h[..., None] >> p) & 1) | (((R[..., None] >> (raw_bits * p)) & rmask) << 1)  # [m, J, 4]
+    hi_odd = ((h[..., None] >> (4 + p)) & 1) | (((R[..., None] >> (raw_bits * (4 + p))) & rmask) << 1)
     hi = torch.stack([hi_even, hi_odd], -1).reshape(m, jmax, GROUP).to(torch.int32)
     eg = e.reshape(m, -1, GROUP)
     eg = torch.cat([eg, eg.new_zeros(m, 1, GROUP)], 1)
     lo = torch.cat([lo3.reshape(m, -1, GROUP), lo3.new_zeros(m, 1, GROUP)], 1)
     bg = torch.cat([b16.expand(m, g.chunks, CHUNK_ROWS, GROUP).reshape(m, -1, GROUP), lo.new_zeros(m, 1, GROUP)], 1)
     gi = grp[..., None].expand(m, jmax, GROUP)
-    fixed = (torch.gather(bg, 1, gi) + torch.gather(lo, 1, gi) + 8 * hi) & 0xFF
+    fixed = (torch.gather(bg, 1, gi) + torch.gather(lo, 1, gi) + 8 * hi) & exp_mask
     eg.scatter_(1, gi, fixed)
     return eg[:, :-1].reshape(e.shape)
 

@@ -42,7 +42,7 @@ SPLIT_PAIR = 15
 #: ENTRY_RAW when the block is stored as BF16 (2 bytes per value, row-major [T, D]).
 ENTRY_RAW = 1
 
-#: Reserved for the FP8 issue (docs/FORMAT_V3.md, "FP8 tiles"); nothing reads or writes them yet.
+#: Header dtypes (docs/FORMAT_V3.md, "FP8 tiles"; FP8 geometry in gaac_hf/format/fp8.py).
 DTYPE_BF16, DTYPE_FP8_E4M3, DTYPE_FP8_E5M2 = 0, 1, 2
 
 MAX_HEAD_DIM = 256
@@ -158,7 +158,8 @@ class GeometryV3:
                         " windows carry over: gaac_hf.calibration.v3.load_table_v3 upgrades a v1/v2 table file)")
             raise ValueError(f"GAAC format version {v} is not supported by the v3 reader (it reads {FORMAT_VERSION}){hint}")
         if d.get("dtype", "bf16") != "bf16":
-            raise ValueError(f"GAAC v3 {d.get('dtype')!r} tiles are reserved (docs/FORMAT_V3.md, FP8 tiles) and not implemented yet")
+            raise ValueError(f"GAAC v3 {d.get('dtype')!r} tiles are not BF16 tiles: read them with "
+                             "gaac_hf.format.fp8.GeometryFP8 (docs/FORMAT_V3.md, FP8 tiles)")
         if d.get("group_axis", "channel") != "channel":
             raise ValueError(f"format v3 groups along channels only, got group_axis={d.get('group_axis')!r}")
         return cls(block_size=d["block_size"], head_dim=d["head_dim"])

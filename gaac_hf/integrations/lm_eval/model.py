@@ -36,11 +36,12 @@ when available and to the CPU otherwise.
 """
 from __future__ import annotations
 
+import importlib.metadata
 import inspect
 import logging
 
 import torch
-from lm_eval.api.registry import register_model
+from lm_eval.api.registry import model_registry, register_model
 from lm_eval.models.huggingface import HFLM
 
 from ...cache import GAACCache, register
@@ -85,7 +86,26 @@ def _cache_kwarg(fn) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-@register_model("hf-gaac")
+MODEL_NAME = "hf-gaac"
+
+
+def _register_once(cls):
+    """``@register_model("hf-gaac")``, unless the name already holds lm-eval's lazy entry-point
+    placeholder for this very class.
+
+    lm-eval releases that read the ``lm_eval.models`` entry points register ``hf-gaac`` as an
+    ``importlib.metadata.EntryPoint`` and import this module on first use. Registering the class again
+    from here would then fail inside lm-eval's registry (it compares the EntryPoint with the class and
+    raises); the registry itself stores the class it loaded, so nothing is lost by leaving it alone.
+    """
+    current = dict(model_registry.items()).get(MODEL_NAME)
+    if isinstance(current, importlib.metadata.EntryPoint) and \
+            current.value.replace(" ", "") == f"{cls.__module__}:{cls.__qualname__}":
+        return cls
+    return register_model(MODEL_NAME)(cls)
+
+
+@_register_once
 class GAACLM(HFLM):
     """HFLM whose model calls and generations run through a GAAC (or, for the baseline, a Dynamic) cache."""
 
