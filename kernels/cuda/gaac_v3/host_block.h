@@ -57,14 +57,28 @@ inline void decode_block(const Geom& g, const uint8_t* blk, const uint32_t* b8p,
   const int n_ent_total = seg_total & 0xFFFF;
   for (int s = 0; s < g.segs; ++s) {
     const int m = seg_chunks(g, s);
-    for (int lane = 0; lane < m; ++lane) {  // the main path, one lane per chunk
+    // The main path, one lane per chunk, all lanes of the segment at once (structure of arrays, so
+    // that the compiler vectorizes across lanes as a warp does; padding lanes compute unused words).
+    alignas(64) uint32_t smv[8][SEG_CHUNKS], wv[CODE_WORDS][SEG_CHUNKS], bv[4][SEG_CHUNKS], ov[16][SEG_CHUNKS];
+    for (int k = 0; k < CODE_WORDS; ++k) {
+      std::memcpy(wv[k], blk + code_word_off(g, s, 0, k), 4 * m);  // word k of every lane: contiguous
+      std::memset(wv[k] + m, 0, 4 * (SEG_CHUNKS - m));
+    }
+    for (int lane = 0; lane < SEG_CHUNKS; ++lane) {
+      const int c = lane < m ? SEG_CHUNKS * s + lane : SEG_CHUNKS * s, col = chunk_col(g, c);
+      for (int i = 0; i < 8; ++i) smv[i][lane] = ld32(blk + 32 * c + 4 * i);
+      for (int p = 0; p < 4; ++p) bv[p][lane] = b8p[4 * col + p];
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r)
+#pragma GCC unroll 4
+      for (int p = 0; p < 4; ++p)
+        for (int lane = 0; lane < SEG_CHUNKS; ++lane)
+          ov[4 * r + p][lane] = decode_pair(smv[2 * r + (p >> 1)][lane], wv[0][lane], wv[1][lane], wv[2][lane], bv[p][lane], r, p);
+    for (int lane = 0; lane < m; ++lane) {
       const int c = SEG_CHUNKS * s + lane, col = chunk_col(g, c), row0 = chunk_row0(g, c);
-      uint32_t sm[8], w[3], o[16];
-      for (int i = 0; i < 8; ++i) sm[i] = ld32(blk + 32 * c + 4 * i);
-      for (int k = 0; k < 3; ++k) w[k] = ld32(blk + code_word_off(g, s, lane, k));
-      decode_chunk(sm, w, b8p + 4 * col, o);
       for (int r = 0; r < 4; ++r)
-        for (int p = 0; p < 4; ++p) out[(row0 + r) * out_row_words + 4 * col + p] = o[4 * r + p];
+        for (int p = 0; p < 4; ++p) out[(row0 + r) * out_row_words + 4 * col + p] = ov[4 * r + p][lane];
     }
     // the fix-up: one lane per entry of the segment; raw words in entry order from the segment's start
     const uint32_t s0 = ld32(blk + g.segtab_off + 4 * s), s1 = ld32(blk + g.segtab_off + 4 * (s + 1));
