@@ -198,3 +198,75 @@ def test_without_compiler_the_cache_runs_the_reference(model_tok, table, text_id
     assert torch.equal(out.sequences, slow.sequences)
     for a, b in zip(out.logits, slow.logits):
         assert tc.same_bits(a, b)
+
+
+# ---------------------------------------------------------------------------------------------
+# memory bound and integrity on synthetic K/V (no model)
+# ---------------------------------------------------------------------------------------------
+def _v3_cache(checksums=False):
+    from conftest import synthetic_cache
+
+    return synthetic_cache(2, 2, 64, 16, return_full_kv=True, checksums=checksums, format_version=3)
+
+
+def test_v3_pool_allocation_is_bounded_through_a_walk():
+    """After every step (decode tokens, a prefill, crop, batch selection): each pool's capacity exceeds
+    its bytes in use by less than one page plus the guard, and at least the guard is readable."""
+    from gaac_hf.cache.pool_v3 import GUARD
+
+    cache = _v3_cache()
+    dyn = DynamicCache()
+    gen = torch.Generator().manual_seed(3)
+    for step, (op, n) in enumerate([("add", 40), *[("add", 1)] * 30, ("crop", -21), ("add", 50), ("select", 0), ("add", 7)]):
+        layer = cache.layers[0]
+        if op == "add":
+            b = layer.tails[0].shape[0] if layer.is_initialized else 3
+            k, v = (torch.randn(b, 2, n, 64, generator=gen).bfloat16() for _ in range(2))
+            for li in range(2):
+                cache.update(k, v, li)
+                dyn.update(k, v, li)
+        elif op == "crop":
+            cache.crop(n)
+            dyn.crop(n)
+        else:
+            idx = torch.tensor([0, 2])
+            cache.batch_select_indices(idx)
+            dyn.batch_select_indices(idx)
+        for li in range(2):
+            got = cache.layers[li].full_kv()
+            assert tc.same_bits(got[0], dyn.layers[li].keys) and tc.same_bits(got[1], dyn.layers[li].values), (step, op)
+            for p in cache.layers[li].pools:
+                slack = p.pool.numel() - p.used
+                assert GUARD <= slack < p.page_bytes() + GUARD, (step, op, slack)
+    st = cache.stats()
+    assert st["allocated_bytes"] >= st["resident_bytes"] > 0 and st["format_version"] == 3
+
+
+def test_v3_corruption_is_caught():
+    """A broken segment table is refused by every CPU decode; a flipped data byte only by the checksums."""
+    cache = _v3_cache(checksums=True)
+    gen = torch.Generator().manual_seed(4)
+    k, v = (torch.randn(1, 2, 5 * 16 + 3, 64, generator=gen).bfloat16() for _ in range(2))
+    for li in range(2):
+        cache.update(k, v, li)
+    assert cache.verify()["checksums"]
+    layer = cache.layers[1]
+    pool = layer.pools[0]
+    g = layer.geometry
+    off = int(layer.tables[0][0, 1, 2])
+    keep = pool.pool.clone()
+    pool.pool[off + 7] ^= 0x10  # a sign/mantissa byte: still a well-formed block
+    with pytest.raises(ValueError, match="checksum"):
+        cache.verify()
+    pool.pool.copy_(keep)
+    pool.pool[off + g.segtab_offset + 4 * g.segments + 1] = 0x7F  # the entry count past the segment's groups
+    with pytest.raises(ValueError, match="corrupt GAAC"):
+        layer.full_kv()
+    with pytest.raises(ValueError, match="corrupt GAAC"):
+        cache.verify()
+    pool.pool.copy_(keep)
+    layer.tables[0][0, 0, 1] += 8  # not a 16-byte offset
+    with pytest.raises(ValueError, match="corrupt GAAC"):
+        layer.full_kv()
+    with pytest.raises(ValueError, match="16-byte offsets"):
+        cache.verify()

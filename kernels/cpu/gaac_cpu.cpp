@@ -16,6 +16,9 @@
 #include <vector>
 
 #include "host_block.h"
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
 
 using namespace gaac_v3;
 
@@ -64,8 +67,19 @@ inline float exp_neg(float x) {
 // torch.maximum: NaN if either is NaN
 inline float maxnan(float a, float b) { return (a != a || b != b) ? NAN : (a > b ? a : b); }
 
+// Work items on nthreads threads; body(item, thread index < nthreads). Built with OpenMP, the items
+// run on the OpenMP pool torch itself uses (the same libgomp.so.1 is loaded once per process), so no
+// second set of threads competes with torch's spinning workers (measured: 3.3x slower calls right
+// after a torch matmul with std::thread); without OpenMP, std::thread per call.
 template <class F>
 void parallel_for(int n, int nthreads, F&& body) {
+#if defined(_OPENMP)
+  if (nthreads > 1 && n > 1) {
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
+    for (int i = 0; i < n; ++i) body(i, omp_get_thread_num());
+    return;
+  }
+#endif
   if (nthreads <= 1 || n <= 1) {
     for (int i = 0; i < n; ++i) body(i, 0);
     return;
@@ -114,7 +128,7 @@ const uint16_t* load_tile(const Geom& g, const Paged& p, int H, int b, int h, in
 
 extern "C" {
 
-int gaac_cpu_abi() { return 1; }
+int gaac_cpu_abi() { return 2; }
 
 // Encode N blocks x (BF16 bits [N, T, D]) with per-block bases b8/b16 (uint8 [N, D]) into rows
 // (uint8 [N, 2*T*D], zeros after each block) and nbytes (int32 [N]); the same bytes as
@@ -169,7 +183,7 @@ long long gaac_v3_decode(int T, int D, int N, const uint8_t* pool, long long poo
 
 // Decode attention over one paged v3 layer (kernels/paged.py PagedKV with PagedTensorV3 K and V).
 //   q     BF16 [B, H*n_rep, Sq, D]; query head hq reads kv-head hq / n_rep
-//   out   BF16 [B, Sq, H*n_rep, D]
+//   out   BF16 [B, Sq, H*n_rep, D], or out_f32 (float [B, Sq, H*n_rep, D], the values before rounding) if given
 //   num_blocks, tail_len int32 [B]; sequence b holds num_blocks[b]*T + tail_len[b] tokens
 //   mask  uint8 [B, Sq, mask_len] (1 = attend) or null: then query i sees positions >= kv_start[b]
 //         (if kv_start) and <= len_b - Sq + i (bottom-right causal)
@@ -180,7 +194,8 @@ long long gaac_v3_attention(int T, int D, int B, int H, int n_rep, int Sq, const
                             const uint8_t* pool_v, long long pool_v_bytes, const int64_t* table_v, int max_blocks_v,
                             const uint16_t* tail_v, const uint32_t* b8p_v, const uint32_t* dbp_v, int tail_cap,
                             const int32_t* num_blocks, const int32_t* tail_len, const uint8_t* mask, int mask_len,
-                            const int32_t* kv_start, float scale, int split_tiles, int nthreads, uint16_t* out) {
+                            const int32_t* kv_start, float scale, int split_tiles, int nthreads, uint16_t* out,
+                            float* out_f32) {
   const Geom g = make_geom(T, D);
   const Paged pk{pool_k, pool_k_bytes, table_k, max_blocks_k, tail_k, tail_cap, b8p_k, dbp_k};
   const Paged pv{pool_v, pool_v_bytes, table_v, max_blocks_v, tail_v, tail_cap, b8p_v, dbp_v};
@@ -291,8 +306,12 @@ long long gaac_v3_attention(int T, int D, int B, int H, int n_rep, int Sq, const
           L = L + st[1] * w;
           for (int d = 0; d < D; ++d) A[d] = A[d] + st[2 + d] * w;
         }
-        uint16_t* o = out + (((size_t)b * Sq + iq) * Hq + hq) * D;
-        for (int d = 0; d < D; ++d) o[d] = L == 0.0f ? 0 : f_bf16(A[d] / L);
+        const size_t at = (((size_t)b * Sq + iq) * Hq + hq) * D;
+        for (int d = 0; d < D; ++d) {
+          const float r = L == 0.0f ? 0.0f : A[d] / L;
+          if (out_f32) out_f32[at + d] = r;  // the float32 result before rounding (tests: a finer check)
+          else out[at + d] = f_bf16(r);
+        }
       }
   }
   return 0;

@@ -29,7 +29,9 @@ HERE = Path(__file__).resolve().parent
 CORE = HERE.parent / "cuda" / "gaac_v3"
 SOURCES = (HERE / "gaac_cpu.cpp", CORE / "host_block.h", CORE / "core.cuh")
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-std=c++17", "-shared", "-fPIC", "-pthread")
-ABI = 1
+#: OpenMP, when the compiler has it: the library's threads are then torch's own OpenMP pool
+OPENMP = ("-fopenmp",)
+ABI = 2
 
 _LOCK = threading.Lock()
 _STATE: dict = {}
@@ -57,7 +59,7 @@ def _build(cxx: str) -> Path:
     h = hashlib.sha256()
     for src in SOURCES:
         h.update(src.read_bytes())
-    h.update(" ".join((cxx, ver, *FLAGS, _cpu_flags(), platform.machine())).encode())
+    h.update(" ".join((cxx, ver, *FLAGS, *OPENMP, _cpu_flags(), platform.machine())).encode())
     root = Path(os.environ.get("GAAC_HF_CACHE", Path.home() / ".cache" / "gaac_hf")) / "cpu"
     out = root / f"gaac_cpu-{h.hexdigest()[:16]}.so"
     if out.is_file():
@@ -66,8 +68,11 @@ def _build(cxx: str) -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=root)
     os.close(fd)
     try:
-        subprocess.run([cxx, *FLAGS, f"-I{CORE}", "-o", tmp, str(HERE / "gaac_cpu.cpp")], check=True,
-                       capture_output=True, text=True)
+        cmd = [cxx, *FLAGS, f"-I{CORE}", "-o", tmp, str(HERE / "gaac_cpu.cpp")]
+        try:
+            subprocess.run([*cmd, *OPENMP], check=True, capture_output=True, text=True)
+        except subprocess.CalledProcessError:  # no OpenMP (e.g. Apple clang): std::thread instead
+            subprocess.run(cmd, check=True, capture_output=True, text=True)
         os.replace(tmp, out)  # atomic: concurrent builds (test workers) each publish a whole file
     finally:
         if os.path.exists(tmp):
@@ -84,7 +89,7 @@ def _declare(lib) -> None:
     lib.gaac_v3_pack.restype = None
     lib.gaac_v3_decode.argtypes = [I, I, I, P, L, P, P, P, P, P, I]
     lib.gaac_v3_decode.restype = L
-    lib.gaac_v3_attention.argtypes = ([I] * 6 + [P] + [P, L, P, I, P, P, P] * 2 + [I, P, P, P, I, P, F, I, I, P])
+    lib.gaac_v3_attention.argtypes = ([I] * 6 + [P] + [P, L, P, I, P, P, P] * 2 + [I, P, P, P, I, P, F, I, I, P, P])
     lib.gaac_v3_attention.restype = L
 
 
@@ -175,7 +180,7 @@ def decode_v3(pool: torch.Tensor, pool_bytes: int, entries: torch.Tensor, heads:
 
 
 def attention_v3(query: torch.Tensor, kv, pool_bytes: tuple[int, int], scale: float, split_tiles: int,
-                 mask: torch.Tensor | None = None) -> torch.Tensor:
+                 mask: torch.Tensor | None = None, float_out: bool = False) -> torch.Tensor:
     """Tiled decode attention over a v3 :class:`~gaac_hf.kernels.paged.PagedKV` (arithmetic:
     :func:`gaac_hf.kernels.cpu.reference.tiled_attention_reference`).
 
@@ -185,14 +190,15 @@ def attention_v3(query: torch.Tensor, kv, pool_bytes: tuple[int, int], scale: fl
             ``tail_len`` int32 ``[B]``, optional ``kv_start`` int32 ``[B]``.
         pool_bytes: bytes of K's and V's pools holding blocks.
         mask: uint8 ``[B, Sq, L]`` (1 = attend) or None (bottom-right causal from ``kv_start``).
+        float_out: return the float32 values before the final rounding (a finer bit-identity check).
     Returns:
-        BF16 ``[B, Sq, Hq, D]``.
+        BF16 (or float32) ``[B, Sq, Hq, D]``.
     """
     g = kv.geometry
     b, hq, sq, d = query.shape
     h = kv.k.table.shape[1]
     q = _check(query.contiguous(), torch.bfloat16, "query")
-    out = torch.empty(b, sq, hq, d, dtype=torch.bfloat16)
+    out = torch.empty(b, sq, hq, d, dtype=torch.float32 if float_out else torch.bfloat16)
     k, v = kv.k, kv.v
     if k.tail.shape[2] != v.tail.shape[2]:
         raise ValueError("K and V tails must have the same capacity")
@@ -207,7 +213,8 @@ def attention_v3(query: torch.Tensor, kv, pool_bytes: tuple[int, int], scale: fl
     bad = library().gaac_v3_attention(
         g.block_size, d, b, h, hq // h, sq, _ptr(q), *args, k.tail.shape[2],
         _ptr(_check(kv.num_blocks, torch.int32, "num_blocks")), _ptr(_check(kv.tail_len, torch.int32, "tail_len")),
-        _ptr(mask), 0 if mask is None else mask.shape[-1], _ptr(kv_start), float(scale), int(split_tiles), threads(), _ptr(out))
+        _ptr(mask), 0 if mask is None else mask.shape[-1], _ptr(kv_start), float(scale), int(split_tiles), threads(),
+        None if float_out else _ptr(out), _ptr(out) if float_out else None)
     if bad:
         raise ValueError(f"corrupt GAAC v3 cache: tile {bad - 1} of a sequence is not a well-formed block inside the pool")
     return out

@@ -55,7 +55,7 @@ def visibility(b: int, sq: int, length: int, mask: torch.Tensor | None, kv_start
 
 def tiled_attention_reference(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float,
                               block_size: int, split_tiles: int, mask: torch.Tensor | None = None,
-                              kv_start: torch.Tensor | None = None) -> torch.Tensor:
+                              kv_start: torch.Tensor | None = None, out_dtype=torch.bfloat16) -> torch.Tensor:
     """Attention with the CPU kernel's arithmetic.
 
     Args:
@@ -63,8 +63,9 @@ def tiled_attention_reference(query: torch.Tensor, key: torch.Tensor, value: tor
             hq reads kv-head hq // (Hq / H)).
         mask: bool/uint8 ``[B, Sq, >= S]`` (True = attend) or None: bottom-right causal, positions
             ``< kv_start[b]`` masked.
+        out_dtype: torch.float32 gives the values before the final rounding to BF16.
     Returns:
-        BF16 ``[B, Sq, Hq, D]``.
+        ``[B, Sq, Hq, D]`` in ``out_dtype``.
     """
     b, hq, sq, d = query.shape
     h, s = key.shape[1], key.shape[2]
@@ -119,4 +120,4 @@ def tiled_attention_reference(query: torch.Tensor, key: torch.Tensor, value: tor
         L = L + l[..., j] * w[..., j]
         A = A + acc[..., j, :] * w[..., j, None]
     out = torch.where((L == 0)[..., None], 0.0, A / L[..., None])
-    return out.to(torch.bfloat16).transpose(1, 2).contiguous()
+    return out.to(out_dtype).transpose(1, 2).contiguous()
