@@ -67,12 +67,17 @@ inline float exp_neg(float x) {
 // torch.maximum: NaN if either is NaN
 inline float maxnan(float a, float b) { return (a != a || b != b) ? NAN : (a > b ? a : b); }
 
+constexpr int MIN_ITEMS_PER_THREAD = 4;
+
 // Work items on nthreads threads; body(item, thread index < nthreads). Built with OpenMP, the items
 // run on the OpenMP pool torch itself uses (the same libgomp.so.1 is loaded once per process), so no
 // second set of threads competes with torch's spinning workers (measured: 3.3x slower calls right
 // after a torch matmul with std::thread); without OpenMP, std::thread per call.
 template <class F>
 void parallel_for(int n, int nthreads, F&& body) {
+  // small calls stay on the calling thread: waking the pool costs more than it saves (and on an
+  // oversubscribed machine a parallel region waits for a descheduled worker)
+  if (n < 2 * MIN_ITEMS_PER_THREAD) nthreads = 1;
 #if defined(_OPENMP)
   if (nthreads > 1 && n > 1) {
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
