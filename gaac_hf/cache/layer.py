@@ -1,7 +1,8 @@
 """GAACLayer: one full-attention layer's K and V as GAAC blocks plus an uncompressed tail.
 
-Storage per kind (K/V): a :class:`~gaac_hf.cache.pool._BlockPool`, a block table int32 ``[B, H,
-cap_blocks]`` and a tail bf16 ``[B, H, T, D]``; see :mod:`gaac_hf.cache` for the whole picture.
+Storage per kind (K/V): a :class:`~gaac_hf.cache.pool._BlockPool` (format v2; block table int32) or a
+:class:`~gaac_hf.cache.pool_v3._BlockPoolV3` (format v3; block table int64 byte offsets), a block table
+``[B, H, cap_blocks]`` and a tail bf16 ``[B, H, T, D]``; see :mod:`gaac_hf.cache` for the whole picture.
 """
 from __future__ import annotations
 
@@ -88,7 +89,7 @@ class GAACLayer(CacheLayerMixin):
         self._deferred.drop(self)  # a parked append of this layer is void
         self.is_initialized = False
         self._pools: list[_BlockPool] | None = None
-        self._tables: list[torch.Tensor] | None = None  # K and V, int32 [B, H, cap_blocks]
+        self._tables: list[torch.Tensor] | None = None  # K and V, int32 (v2) / int64 (v3) [B, H, cap_blocks]
         self.tails: list[torch.Tensor] | None = None  # K and V, bf16 [B, H, T, D]
         self.num_blocks = 0
         self.tail_len = 0
@@ -108,7 +109,7 @@ class GAACLayer(CacheLayerMixin):
 
     @property
     def tables(self) -> list[torch.Tensor] | None:
-        """K and V block tables, int32 ``[B, H, cap_blocks]`` (None before the first update)."""
+        """K and V block tables, int32 (v2) or int64 (v3) ``[B, H, cap_blocks]`` (None before the first update)."""
         self._deferred.flush()
         return self._tables
 
@@ -414,7 +415,7 @@ class GAACLayer(CacheLayerMixin):
     def paged_kv(self, kv_start: torch.Tensor | None = None) -> PagedKV:
         """This layer as the attention kernels read it (:class:`~gaac_hf.kernels.paged.PagedKV`).
 
-        Pools, full-capacity contiguous tables int32 ``[B, H, cap_blocks]`` (entries past
+        Pools, full-capacity contiguous tables int32 (v2; int64 for v3) ``[B, H, cap_blocks]`` (entries past
         ``num_blocks`` are ignored by the kernel), full tail buffers bf16 ``[B, H, T, D]``, bases
         uint8 ``[H, D]`` and ``num_blocks`` / ``tail_len`` as int32 ``[B]`` device tensors (read-only:
         shared with the other layers of the cache that have the same counts, see :class:`_CountsMemo`).
