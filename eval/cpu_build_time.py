@@ -1,5 +1,5 @@
 """First-call cost of the CPU library: a cold build of kernels/cpu/gaac_cpu.cpp (empty cache folder), then
-a warm load (the cached .so), both timed in fresh processes.
+a warm load (the cached .so), both timed in fresh processes (after importing torch).
 
     python eval/cpu_build_time.py      # -> eval/results/cpu_build.json
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 
-PROBE = ("import time; t = time.perf_counter(); from gaac_hf.kernels.cpu import native; ok = native.available(); "
+PROBE = ("import time, torch; from gaac_hf.kernels.cpu import native; t = time.perf_counter(); ok = native.available(); "
          "print('RESULT', ok, time.perf_counter() - t)")
 
 
