@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 def build(dest: Path, core_text: str | None = None) -> Path:
     src = dest / "src"
     src.mkdir(parents=True, exist_ok=True)
-    for f in ("core.cuh", "host_driver.cpp"):
+    for f in ("core.cuh", "host_block.h", "host_driver.cpp"):
         shutil.copy(CORE_DIR / f, src / f)
     if core_text is not None:
         (src / "core.cuh").write_text(core_text)

@@ -28,7 +28,9 @@ Paths inside :func:`gaac_attention_forward`:
   On CUDA the blocks are decoded by ``decode_tables_triton`` straight through the block tables
   (``GAACLayer.full``); the attention itself is then the stock SDPA (cuDNN/flash), so this path is
   also the faster one for long contexts on the H200 (see ``FUSED_MAX_TOKENS``).
-* fused (CUDA, q_len == 1, kernel importable): :func:`_fused_decode`, the Triton decode kernel of
+* tiled (format v3 layers on the CPU, q_len <= ``tiled.TILED_MAX_QUERY``, ``fused`` not False):
+  :func:`gaac_hf.cache.tiled.tiled_attention`, the C++ tiled kernel over the compressed blocks.
+* fused (CUDA, q_len == 1, kernel importable, format v2): :func:`_fused_decode`, the Triton decode kernel of
   ``gaac_hf.kernels.triton.attention`` reading slots directly. Falls back to the reference path when the
   kernel is missing or declines the call (returns None), and with ``GAACCache(fused="auto")``
   from ``FUSED_MAX_TOKENS`` cached tokens on.
@@ -40,6 +42,8 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
+
+from . import tiled as _tiled
 
 # The fused Triton decode kernel is optional: without it every step takes the reference path. Any
 # error, not only ImportError: a kernel module that cannot load must never break attention.
@@ -261,7 +265,10 @@ def gaac_attention_forward(
     if attention_mask is not None and attention_mask.shape[-2] not in (1, q_len):
         raise ValueError(f"GAAC attention: mask has {attention_mask.shape[-2]} query rows for {q_len} query tokens")
     try:
-        if query.is_cuda and q_len == 1 and not (module.training and dropout):
+        if _tiled.takes(layer, query, attention_mask, bool(module.training and dropout), kwargs):
+            return _tiled.tiled_attention(query, layer, attention_mask, scaling), None
+        # format v3 on CUDA: decode + SDPA below until the fused v3 kernel (issue 15) is wired in here
+        if query.is_cuda and q_len == 1 and layer.format_version == 2 and not (module.training and dropout):
             out = _fused_decode(module, query, layer, attention_mask, scaling, **kwargs)
             if out is not None:
                 return out, None

@@ -12,6 +12,7 @@ from ..format import MODE_3BIT, MODE_4BIT, MODE_RAW
 from .compat import layer_types_and_kwargs
 from .host import _HOST_SLOTS_PER_LAYER, _CountsMemo, _DeferredStore, _DeviceTables, _FitnessCheck, _HostSlab
 from .layer import _K, _V, GAACLayer
+from .pool_v3 import geometry_v3
 
 
 def _resolve_table(calibration) -> CalibrationTable:
@@ -85,6 +86,10 @@ class GAACCache(Cache):
             keeps the reference PyTorch codec everywhere.
         checksums: write a checksum per block at encode time (8 bytes per block, counted in
             ``allocated_bytes``) that :meth:`verify` compares; structural checks run without them.
+        format_version: how blocks are stored: 2 (``docs/FORMAT.md``), 3 (``docs/FORMAT_V3.md``: one
+            byte pool of variable-length blocks, int64 block-table entries; on the CPU decode steps
+            and short chunks attend tile by tile over the compressed blocks, ``docs/CACHE.md``), or
+            None: chosen per layer at the first update (``gaac_hf.cache.pool_v3.default_format``).
 
     Full-attention layers get a :class:`GAACLayer`; sliding-window, chunked, linear and dummy layers
     keep their stock transformers layer (uncompressed).
@@ -92,9 +97,12 @@ class GAACCache(Cache):
 
     def __init__(self, config, calibration=None, *, block_size: int | None = None,
                  return_full_kv: bool | None = None,
-                 fused: bool | str = True, triton_codec: bool = True, checksums: bool = False) -> None:
+                 fused: bool | str = True, triton_codec: bool = True, checksums: bool = False,
+                 format_version: int | None = None) -> None:
         if fused not in (True, False, "auto"):
             raise ValueError(f'fused must be True, False or "auto", got {fused!r}')
+        if format_version not in (None, 2, 3):
+            raise ValueError(f"format_version must be 2, 3 or None (the default per device), got {format_version!r}")
         config, dtype = _config_of(config)
         _check_dtype(dtype)
         table = _resolve_table(calibration)
@@ -102,6 +110,8 @@ class GAACCache(Cache):
         text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
         g = table.geometry
         geometry = dataclasses.replace(g, block_size=block_size or g.block_size)
+        if format_version == 3:
+            geometry_v3(geometry)  # refuses token-axis tables now rather than at the first update
         self.geometry = geometry
         self.table = table
         types, kwargs = layer_types_and_kwargs(text)
@@ -112,7 +122,7 @@ class GAACCache(Cache):
         fitness = _FitnessCheck(table)  # shared: one warning per cache when the table does not fit
         layers = [
             GAACLayer(i, table, geometry, text, return_full_kv, fused, triton_codec, memo, deferred, slab, on_device,
-                      fitness, checksums)
+                      fitness, checksums, format_version)
             if lt == "full_attention"
             else DYNAMIC_LAYER_TYPE_MAPPING[lt](**kw)
             for i, (lt, kw) in enumerate(zip(types, kwargs))
@@ -183,8 +193,8 @@ class GAACCache(Cache):
             s["escape_bytes"] = int(heap_bytes[j])
             # a slot row costs its planes and its 8-byte esc_start (+ 8 checksum bytes if kept)
             cs = 8 * s["checksums"]
-            s["resident"] = (s["fixed"] + s["slot_rows"] * (g.slot_bytes + 8 + cs) + s["escape_bytes"]
-                             + s["raw_blocks"] * (g.raw_bytes + cs))
+            s["resident"] = s["resident_v3"] if "resident_v3" in s else (
+                s["fixed"] + s["slot_rows"] * (g.slot_bytes + 8 + cs) + s["escape_bytes"] + s["raw_blocks"] * (g.raw_bytes + cs))
 
         def shares(c: torch.Tensor) -> dict:
             tot = max(int(c.sum()), 1)
@@ -220,6 +230,7 @@ class GAACCache(Cache):
             "seq_length": per[0][1]["tokens"],
             "block_size": self.geometry.block_size,
             "slot_bytes": self.geometry.slot_bytes,
+            "format_version": gaac[0][1].format_version,
         }
         if per_layer:
             out["layers"] = [

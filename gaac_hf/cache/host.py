@@ -168,6 +168,10 @@ class _FitnessCheck:
             return
         slots = raw = heap = 0
         for p in pools:
+            if hasattr(p, "used"):  # a format v3 pool: its stored bytes count as heap bytes below
+                r = int(p.counts[3])
+                raw, heap = raw + r, heap + p.used - r * self.table.geometry.raw_bytes
+                continue
             if p._snap_event is None:
                 r, h = int(p.counts[3]), int(p.counts[5])  # CPU tensors: free to read
             elif p._snap_event.query():

@@ -1,7 +1,8 @@
 """GAACLayer: one full-attention layer's K and V as GAAC blocks plus an uncompressed tail.
 
-Storage per kind (K/V): a :class:`~gaac_hf.cache.pool._BlockPool`, a block table int32 ``[B, H,
-cap_blocks]`` and a tail bf16 ``[B, H, T, D]``; see :mod:`gaac_hf.cache` for the whole picture.
+Storage per kind (K/V): a :class:`~gaac_hf.cache.pool._BlockPool` (format v2; block table int32) or a
+:class:`~gaac_hf.cache.pool_v3._BlockPoolV3` (format v3; block table int64 byte offsets), a block table
+``[B, H, cap_blocks]`` and a tail bf16 ``[B, H, T, D]``; see :mod:`gaac_hf.cache` for the whole picture.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from .attention import uses_gaac_attention
 from .compat import POSITIVE_CROP_IS_LENGTH
 from .host import _HOST_SLOTS_PER_LAYER, _CountsMemo, _DeferredStore, _DeviceTables, _FitnessCheck, _HostSlab
 from .pool import _BlockPool, _grow, _reserve_from, _round_up, _sync_plan, decode_tables
+from .pool_v3 import _BlockPoolV3, default_format, geometry_v3
 
 _K, _V = 0, 1
 
@@ -59,7 +61,8 @@ class GAACLayer(CacheLayerMixin):
                  return_full_kv: bool | None = None, fused: bool | str = True, triton_codec: bool = True,
                  counts_memo: _CountsMemo | None = None, deferred: _DeferredStore | None = None,
                  host_slab: _HostSlab | None = None, device_tables: _DeviceTables | None = None,
-                 fitness: _FitnessCheck | None = None, checksums: bool = False) -> None:
+                 fitness: _FitnessCheck | None = None, checksums: bool = False,
+                 format_version: int | None = None) -> None:
         super().__init__()
         self._fitness = fitness if fitness is not None else _FitnessCheck(table)  # see there
         self._fitness.layers.append(self)
@@ -75,6 +78,10 @@ class GAACLayer(CacheLayerMixin):
         self.fused = fused  # allow the Triton decode kernel (CUDA, q_len == 1) in GAAC attention
         self.triton_codec = triton_codec  # Triton encoder/decoder for CUDA pools (same bytes/bits)
         self.checksums = checksums  # per-block checksums written at encode time (see verify())
+        # storage format: 2 or 3, or None = chosen at the first update (3 on the CPU, 2 elsewhere)
+        self._format_request = format_version
+        self.format_version = format_version or 2
+        self._geometry_v2 = geometry
         self._awaiting_attention = False
         self._reset_state()
 
@@ -82,7 +89,7 @@ class GAACLayer(CacheLayerMixin):
         self._deferred.drop(self)  # a parked append of this layer is void
         self.is_initialized = False
         self._pools: list[_BlockPool] | None = None
-        self._tables: list[torch.Tensor] | None = None  # K and V, int32 [B, H, cap_blocks]
+        self._tables: list[torch.Tensor] | None = None  # K and V, int32 (v2) / int64 (v3) [B, H, cap_blocks]
         self.tails: list[torch.Tensor] | None = None  # K and V, bf16 [B, H, T, D]
         self.num_blocks = 0
         self.tail_len = 0
@@ -102,7 +109,7 @@ class GAACLayer(CacheLayerMixin):
 
     @property
     def tables(self) -> list[torch.Tensor] | None:
-        """K and V block tables, int32 ``[B, H, cap_blocks]`` (None before the first update)."""
+        """K and V block tables, int32 (v2) or int64 (v3) ``[B, H, cap_blocks]`` (None before the first update)."""
         self._deferred.flush()
         return self._tables
 
@@ -118,19 +125,27 @@ class GAACLayer(CacheLayerMixin):
                     "load the model with dtype=torch.bfloat16 (or use DynamicCache)"
                 )
         b, h, _, d = key_states.shape
-        g = self.geometry
+        dev = key_states.device
+        self.format_version = self._format_request or default_format(dev)
+        g = self.geometry = self._geometry_v2 if self.format_version == 2 else geometry_v3(self._geometry_v2)
         if d != g.head_dim:
             raise ValueError(
                 f"layer {self.layer_idx}: KV head_dim {d} does not match the calibration table's {g.head_dim}"
             )
-        dev = self.device = key_states.device
+        self.device = dev
         table = self._device_tables.get(_local_heads(self._table, h, self.layer_idx), dev)
         cuda = dev.type == "cuda"
-        self._pools = [_BlockPool(g, *table.bases(self.layer_idx, kind), dev, self.triton_codec, b * h,
-                                  self._host_slab.take(2) if cuda else None, self.checksums)
-                       for kind in (_K, _V)]
+        if self.format_version == 3:
+            self._pools = [_BlockPoolV3(g, *table.bases(self.layer_idx, kind), dev, b * h, self.checksums)
+                           for kind in (_K, _V)]
+        else:
+            self._pools = [_BlockPool(g, *table.bases(self.layer_idx, kind), dev, self.triton_codec, b * h,
+                                      self._host_slab.take(2) if cuda else None, self.checksums)
+                           for kind in (_K, _V)]
         # One column from the start: kernels take the full-capacity table and want max_blocks >= 1.
-        self._tables = [torch.zeros(b, h, 1, dtype=torch.int32, device=dev) for _ in (_K, _V)]
+        # Entries: int32 (v2 slot rows) or int64 (v3 byte offsets).
+        edt = self._pools[_K].entry_dtype
+        self._tables = [torch.zeros(b, h, 1, dtype=edt, device=dev) for _ in (_K, _V)]
         # CUDA: the whole T-token tail, which the fused kernel reads; CPU: grown in quarter blocks
         self._tail_page = g.block_size if cuda else max(g.block_size // 4, 1)
         cap = g.block_size if cuda else 0
@@ -400,7 +415,7 @@ class GAACLayer(CacheLayerMixin):
     def paged_kv(self, kv_start: torch.Tensor | None = None) -> PagedKV:
         """This layer as the attention kernels read it (:class:`~gaac_hf.kernels.paged.PagedKV`).
 
-        Pools, full-capacity contiguous tables int32 ``[B, H, cap_blocks]`` (entries past
+        Pools, full-capacity contiguous tables int32 (v2; int64 for v3) ``[B, H, cap_blocks]`` (entries past
         ``num_blocks`` are ignored by the kernel), full tail buffers bf16 ``[B, H, T, D]``, bases
         uint8 ``[H, D]`` and ``num_blocks`` / ``tail_len`` as int32 ``[B]`` device tensors (read-only:
         shared with the other layers of the cache that have the same counts, see :class:`_CountsMemo`).
@@ -442,15 +457,17 @@ class GAACLayer(CacheLayerMixin):
         self._deferred.flush()
         b, h = self.tails[_K].shape[:2]
         g = self.geometry
-        table_bytes = b * h * self.num_blocks * 4
+        table_bytes = b * h * self.num_blocks * self._tables[_K].element_size()
         tail_bytes = b * h * self.tail_len * g.head_dim * 2
-        return {
+        v3 = {"resident_v3": 2 * (table_bytes + tail_bytes) + sum(p.resident_bytes() for p in self._pools)} \
+            if self.format_version == 3 else {}
+        return v3 | {
             "fixed": 2 * (table_bytes + tail_bytes),  # + slot rows and raw rows, counted after the sync
             "checksums": self.checksums,
             "slot_rows": sum(p.n_slots for p in self._pools),
             "bf16": 2 * b * h * self.get_seq_length() * g.head_dim * 2,
             "allocated": sum(p.allocated_bytes() for p in self._pools)
-            + sum(tb.numel() * 4 for tb in self._tables) + sum(tl.numel() * 2 for tl in self.tails),
+            + sum(tb.numel() * tb.element_size() for tb in self._tables) + sum(tl.numel() * 2 for tl in self.tails),
             "counts": [p.counts for p in self._pools],
             "encoded": sum(p.encoded_blocks for p in self._pools),
             "tail_tokens": self.tail_len,

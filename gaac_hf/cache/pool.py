@@ -115,6 +115,8 @@ class _BlockPool:
     pool and heap exactly and the raw pool holds no row until a block falls back.
     """
 
+    entry_dtype = torch.int32  # slot row e >= 0, raw row -1 - e
+
     def __init__(self, geometry: BlockGeometry, base8: torch.Tensor, base16: torch.Tensor, device,
                  triton_codec: bool = True, step_blocks: int = 1, snap: torch.Tensor | None = None,
                  checksums: bool = False) -> None:

@@ -99,22 +99,13 @@ __device__ __forceinline__ void sts128(void* p, u32 a, u32 b, u32 c, u32 d) {
 }
 __device__ __forceinline__ bool compressed(i64 e) { return e >= 0 && !(e & 1); }
 
-__device__ __forceinline__ i64 lookup(const i64* table, int nb, int tok0) {
-  const int blk = tok0 / T;
-  return blk < nb ? __ldg(table + blk) : TAIL;
-}
 
 __device__ __forceinline__ u32 lds32(const void* p) { return *reinterpret_cast<const u32*>(p); }
 
-// The segment-table words (first, last) of a producer's segments; every lane loads the same two.
+// The segment-table words (first, last) of a producer's segments.
 struct SegWords {
   u32 lo, hi;
 };
-__device__ __forceinline__ SegWords seg_words(const u8* pool, i64 e, int s0) {
-  if (!compressed(e)) return {0u, 0u};
-  const u8* st = pool + e + SEGTAB_OFF + 4 * s0;
-  return {ldg32(st), ldg32(st + 4 * PSEG)};
-}
 
 // The staged entry chunks of the segments: [a0, a0 + 16 * nch) of the block, or `over` when they do not fit.
 struct EntryWindow {

@@ -151,16 +151,20 @@ GAAC_HD uint32_t pair_field(uint32_t w0, uint32_t w1, uint32_t w2, int q) {
   return sh <= 7 ? f * (1u << (7 - sh)) : f >> (sh - 7);
 }
 
+// Pair p of row r of a chunk: smw = the sm word holding its two sign/mantissa bytes (word p / 2 of
+// the row), w0..w2 = the chunk's code words, b8p = the pair's base8 constant.
+GAAC_HD uint32_t decode_pair(uint32_t smw, uint32_t w0, uint32_t w1, uint32_t w2, uint32_t b8p, int r, int p) {
+  const uint32_t x = prmt(smw, 0, (p & 1) ? 0x3322u : 0x1100u);  // bytes b,b,b',b' -> 2 lanes
+  // (x & 0x807F807F) | base8 pair (one LOP3), then + the code field (LEA / IMAD): base8 <= 248 and
+  // code <= 7, so the sum stays inside bits 7-14 / 23-30 and equals bitsel(SIGN_MANT, x, base8 + code)
+  return bitsel(SIGN_MANT, x, b8p) + pair_field(w0, w1, w2, 4 * r + p);
+}
+
 // One row r of a chunk: sm2 = its 8 sign/mantissa bytes as 2 words, w = the chunk's 3 code words;
 // o[p] = BF16 pair (channels 2p, 2p+1 of the row; even channel in the low half).
 GAAC_HD void decode_row(const uint32_t sm2[2], const uint32_t w[3], const uint32_t b8p[4], int r, uint32_t o[4]) {
   GAAC_UNROLL
-  for (int p = 0; p < 4; ++p) {
-    const uint32_t x = prmt(sm2[p >> 1], 0, (p & 1) ? 0x3322u : 0x1100u);  // bytes b,b,b',b' -> 2 lanes
-    // (x & 0x807F807F) | base8 pair (one LOP3), then + the code field (LEA / IMAD): base8 <= 248 and
-    // code <= 7, so the sum stays inside bits 7-14 / 23-30 and equals bitsel(SIGN_MANT, x, base8 + code)
-    o[p] = bitsel(SIGN_MANT, x, b8p[p]) + pair_field(w[0], w[1], w[2], 4 * r + p);
-  }
+  for (int p = 0; p < 4; ++p) o[p] = decode_pair(sm2[p >> 1], w[0], w[1], w[2], b8p[p], r, p);
 }
 
 // The main path of a chunk: sm = its 32 sign/mantissa bytes as 8 words (row r = words 2r, 2r+1);

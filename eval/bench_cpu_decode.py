@@ -1,0 +1,202 @@
+"""CPU decode speed and memory: DynamicCache + SDPA vs GAACCache (format v3, tiled C++ attention) on SmolLM2.
+
+For each context length and each cache, one fresh process (so ``ru_maxrss`` is that configuration's
+peak) loads SmolLM2-135M in BF16 with ``torch.set_num_threads(threads)``, prefills ``context``
+tokens of held-out WikiText-2 test text (repeated if short) in one forward, then runs ``steps``
+greedy decode steps (``model(next_token, cache)``), timing each. GAAC runs also time their stages:
+the tiled attention calls, the cache appends (tail writes, and the encoder when a block completes)
+during decode, and the appends (encoder) during the prefill. The reported ``s_per_token`` come from
+the GAAC process afterwards: a DynamicCache filled with the GAAC cache's decoded K/V (the same bits)
+and the GAAC cache take ``steps`` decode steps alternately, so both see the same machine load (the
+2-core development machine is shared); the separate-process step times are kept as well.
+
+Writes ``eval/results/cpu_decode_smollm2.json`` (``rows``: ``context``, ``s_per_token`` {dynamic, gaac}
+(median step; ``s_per_token_min`` the fastest: the machine may be shared, so the 1-minute load
+average after each run is recorded too), ``prefill_s`` {dynamic, gaac}, ``peak_rss_mb`` {dynamic, gaac}, ``cache_mb`` {dynamic,
+gaac} (bytes the cache's tensors hold after the last step; GAAC: ``stats()["allocated_bytes"]``),
+``gaac_stages`` and ratios) and a PNG plot beside it.
+
+    python eval/bench_cpu_decode.py [--contexts 1024 4096 16384] [--steps 16] [--threads 2]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
+
+OUT = Path(__file__).resolve().parent / "results" / "cpu_decode_smollm2.json"
+
+
+def _tokens(tok, n: int):
+    import torch
+
+    from gaac_hf.data import wikitext
+
+    text = wikitext("test", True)[0]
+    ids = tok(text[: 12 * n], return_tensors="pt").input_ids[0]
+    while ids.numel() < n:
+        ids = torch.cat([ids, ids])
+    return ids[:n].unsqueeze(0)
+
+
+def child(kind: str, context: int, steps: int, threads: int) -> dict:
+    """One configuration in this process; returns its measurements."""
+    import torch
+    from transformers import DynamicCache
+
+    import gaac_hf
+    import gaac_hf.cache.layer as layer_mod
+    import gaac_hf.cache.tiled as tiled
+    from gaac_hf.models import load_smollm2
+
+    torch.set_num_threads(threads)
+    model, tok = load_smollm2()
+    gaac_hf.register()
+    ids = _tokens(tok, context)
+    stages = {"attention": 0.0, "append": 0.0}
+
+    def timed(fn, key):
+        def wrap(*a, **k):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                stages[key] += time.perf_counter() - t
+        return wrap
+
+    if kind == "gaac":
+        model.set_attn_implementation("gaac")
+        cache = gaac_hf.GAACCache(model.config, calibration="smollm2-135m", format_version=3)
+        tiled.tiled_attention = timed(tiled.tiled_attention, "attention")
+        layer_mod.GAACLayer.append = timed(layer_mod.GAACLayer.append, "append")
+    else:
+        model.set_attn_implementation("sdpa")
+        cache = DynamicCache(config=model.config)
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    with torch.no_grad():
+        t = time.perf_counter()
+        out = model(ids, past_key_values=cache, use_cache=True)
+        prefill = time.perf_counter() - t
+        prefill_stages = dict(stages)
+        stages.update(attention=0.0, append=0.0)
+        nxt = out.logits[:, -1:].argmax(-1)
+        del out
+        times = []
+        for _ in range(steps):
+            t = time.perf_counter()
+            out = model(nxt, past_key_values=cache, use_cache=True)
+            times.append(time.perf_counter() - t)
+            nxt = out.logits[:, -1:].argmax(-1)
+    if kind == "gaac":
+        cache_bytes = cache.stats()["allocated_bytes"] + cache.stats()["stock_layer_bytes"]
+    else:
+        cache_bytes = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
+    res = {"prefill_s": prefill, "step_s": times, "s_per_token": statistics.median(times), "s_per_token_min": min(times),
+           "loadavg_1min_after": os.getloadavg()[0],
+           "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "rss_after_load_mb": rss0,
+           "cache_mb": cache_bytes / 2**20}
+    if kind == "gaac":
+        res["stages"] = {"prefill_append_s": prefill_stages["append"],
+                         "decode_attention_s_per_step": stages["attention"] / steps,
+                         "decode_append_s_per_step": stages["append"] / steps,
+                         "ratio": cache.stats()["ratio"]}
+        res["interleaved"] = interleaved(model, cache, nxt, steps)
+    return res
+
+
+def interleaved(model, cache, nxt, steps: int) -> dict:
+    """Decode steps of DynamicCache + sdpa and GAACCache + gaac alternating in one process, so that both
+    see the same machine load (the benchmark machine may be shared). The DynamicCache is filled with
+    the GAAC cache's decoded K/V: the same bits (lossless), no second prefill."""
+    import torch
+    from transformers import DynamicCache
+
+    dyn = DynamicCache(config=model.config)
+    for li, layer in enumerate(cache.layers):
+        k, v = layer.full_kv()
+        dyn.update(k.clone(), v.clone(), li)
+    toks = {"dynamic": nxt, "gaac": nxt}
+    caches = {"dynamic": (dyn, "sdpa"), "gaac": (cache, "gaac")}
+    times = {"dynamic": [], "gaac": []}
+    with torch.no_grad():
+        for i in range(steps):
+            for kind in (("dynamic", "gaac") if i % 2 == 0 else ("gaac", "dynamic")):
+                c, impl = caches[kind]
+                model.set_attn_implementation(impl)
+                t = time.perf_counter()
+                out = model(toks[kind], past_key_values=c, use_cache=True)
+                times[kind].append(time.perf_counter() - t)
+                toks[kind] = out.logits[:, -1:].argmax(-1)
+    return {"step_s": times, "s_per_token": {k: statistics.median(v) for k, v in times.items()},
+            "s_per_token_min": {k: min(v) for k, v in times.items()}, "loadavg_1min_after": os.getloadavg()[0]}
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    plt = harness.pyplot()
+    fig, ax = plt.subplots(1, 2, figsize=(10, 4))
+    ctx = [r["context"] for r in rows]
+    for kind in ("dynamic", "gaac"):
+        ax[0].plot(ctx, [r["s_per_token"][kind] for r in rows], "o-", label=kind)
+        ax[1].plot(ctx, [r["cache_mb"][kind] for r in rows], "o-", label=kind)
+    ax[0].set(xscale="log", xlabel="context (tokens)", ylabel="s per generated token", title="decode step, 2 threads")
+    ax[1].set(xscale="log", xlabel="context (tokens)", ylabel="MiB", title="KV cache bytes")
+    for a in ax:
+        a.legend()
+        a.grid(alpha=0.3)
+    fig.suptitle("SmolLM2-135M on the CPU: DynamicCache + SDPA vs GAACCache (v3, tiled C++ attention)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096, 16384])
+    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default=str(OUT))
+    ap.add_argument("--child", nargs=2, metavar=("KIND", "CONTEXT"))
+    a = ap.parse_args()
+    if a.child:
+        print("RESULT " + json.dumps(child(a.child[0], int(a.child[1]), a.steps, a.threads)))
+        return
+    rows = []
+    for context in a.contexts:
+        got = {}
+        for kind in ("dynamic", "gaac"):
+            cmd = [sys.executable, __file__, "--child", kind, str(context), "--steps", str(a.steps), "--threads", str(a.threads)]
+            p = subprocess.run(cmd, capture_output=True, text=True)
+            line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+            if p.returncode or not line:
+                raise SystemExit(f"{kind} at {context} failed:\n{p.stderr[-3000:]}")
+            got[kind] = json.loads(line[-1][7:])
+            print(context, kind, {k: v for k, v in got[kind].items() if k not in ("step_s", "interleaved")}, flush=True)
+        pair = lambda key: {k: got[k][key] for k in got}  # noqa: E731
+        inter = got["gaac"].pop("interleaved")
+        rows.append({"context": context, "s_per_token": inter["s_per_token"], "s_per_token_min": inter["s_per_token_min"],
+                     "step_s": inter["step_s"], "separate_process_s_per_token": pair("s_per_token"),
+                     "separate_process_s_per_token_min": pair("s_per_token_min"), "prefill_s": pair("prefill_s"),
+                     "peak_rss_mb": pair("peak_rss_mb"), "rss_after_load_mb": pair("rss_after_load_mb"),
+                     "cache_mb": pair("cache_mb"), "loadavg_1min_after": pair("loadavg_1min_after") | {"interleaved": inter["loadavg_1min_after"]},
+                     "gaac_stages": got["gaac"]["stages"],
+                     "decode_vs_dynamic": inter["s_per_token"]["gaac"] / inter["s_per_token"]["dynamic"],
+                     "decode_min_vs_dynamic_min": inter["s_per_token_min"]["gaac"] / inter["s_per_token_min"]["dynamic"],
+                     "prefill_vs_dynamic": got["gaac"]["prefill_s"] / got["dynamic"]["prefill_s"],
+                     "cache_vs_dynamic": got["gaac"]["cache_mb"] / got["dynamic"]["cache_mb"]})
+        out = Path(a.out)
+        harness.write_result(out, {"rows": rows, "threads": a.threads, "steps": a.steps, "model": "SmolLM2-135M-Instruct (bf16)",
+                                   "gaac": "GAACCache(format_version=3, calibration='smollm2-135m'), gaac attention (tiled C++)",
+                                   "dynamic": "DynamicCache + sdpa"})
+    plot(rows, Path(a.out).with_suffix(".png"))
+
+
+if __name__ == "__main__":
+    main()

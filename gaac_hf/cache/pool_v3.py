@@ -1,0 +1,267 @@
+"""The format v3 storage of one kind (K or V) of one layer: one byte pool of variable-length blocks.
+
+A :class:`_BlockPoolV3` keeps the interface of :class:`~gaac_hf.cache.pool._BlockPool` that
+:class:`~gaac_hf.cache.layer.GAACLayer` uses (encode, store, gather, compact, paged, verify), so the
+layer's bookkeeping (tail, tables, crop, reorder, batch selection) is the same for both formats.
+
+Storage (``docs/FORMAT_V3.md`` "Block table, pool, paging"): ``pool`` uint8 ``[cap]`` holds the blocks
+back to back at 16-byte aligned offsets, each at its exact stored length (a compressed block, or its
+BF16 bytes when it does not fit); table entries are int64 ``offset | 1`` for a BF16 block. ``used``
+bytes are taken; at least ``PagedTensorV3.GUARD_BYTES`` readable bytes follow the last block. The
+pool grows in fixed pages (:meth:`page_bytes`), never by doubling: ``cap - used < page + GUARD_BYTES``.
+
+Codec: on the CPU the C++ library of :mod:`gaac_hf.kernels.cpu` (built from the one v3 core, same
+bytes as the reference), else the PyTorch reference :mod:`gaac_hf.codec.v3`; on CUDA the v3 CUDA
+codec (``kernels/cuda/codec_v3.py``) when it loads, else the reference. A v3 pool on CUDA syncs the
+host once per store (it sizes the pool from the encoded lengths): the no-sync decode path is v2's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..codec.checksum import byte_sums
+from ..codec.v3 import EncodedBlocksV3, decode_pool_v3, encode_blocks_v3, pack_blocks
+from ..format.v3 import ALIGN, ENTRY_RAW, GeometryV3
+from ..kernels.cpu import native
+from ..kernels.paged import PagedTensorV3
+
+GUARD = PagedTensorV3.GUARD_BYTES
+#: CPU pools grow in pages of at least this many bytes (and at least one decode step's worst case)
+CPU_PAGE_BYTES = 16 << 10
+
+
+def default_format(device: torch.device) -> int:
+    """The storage format a cache built without ``format_version`` uses on ``device``."""
+    return 2
+
+
+def geometry_v3(geometry) -> GeometryV3:
+    """The v3 geometry of a (v2) calibration table's :class:`~gaac_hf.format.BlockGeometry`: same block
+    size and head_dim; the windows mean the same in both formats. Token-axis tables are refused."""
+    if getattr(geometry, "group_axis", "channel") != "channel":
+        raise ValueError("format_version=3 groups along channels only: this calibration table groups along tokens "
+                         "(use format_version=2, or calibrate a channel-axis table)")
+    return GeometryV3(block_size=geometry.block_size, head_dim=geometry.head_dim)
+
+
+def _cuda_codec():
+    """The v3 CUDA codec module, or None (not importable or no usable toolchain)."""
+    try:
+        from ..kernels.cuda import codec_v3
+    except Exception:  # noqa: BLE001 - an optional backend must never break the cache
+        return None
+    return codec_v3 if codec_v3.why_unavailable() is None else None
+
+
+@dataclass
+class _EncodedV3:
+    """Encoded blocks: rows uint8 ``[N, 2*T*D]``, nbytes int32 ``[N]``, fits bool ``[N]``, modes int64
+    ``[3]`` (groups in 3-bit / 4-bit / raw mode over the N blocks)."""
+
+    rows: torch.Tensor
+    nbytes: torch.Tensor
+    fits: torch.Tensor
+    modes: torch.Tensor
+
+
+def _u32_at(pool: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """int64 little-endian u32 at byte offsets ``offs`` (int64 [N]) of a uint8 pool."""
+    idx = offs[:, None] + torch.arange(4, device=offs.device)
+    b = pool[idx].to(torch.int64)
+    return b[:, 0] | (b[:, 1] << 8) | (b[:, 2] << 16) | (b[:, 3] << 24)
+
+
+class _BlockPoolV3:
+    """Encoded blocks of one kind (K or V) of one layer in format v3 (see the module docstring).
+
+    base8, base16: uint8 ``[H, D]`` windows of this layer and kind.
+    """
+
+    entry_dtype = torch.int64
+    triton = False  # the layer's v2 table-decode fast path does not apply
+
+    def __init__(self, geometry: GeometryV3, base8: torch.Tensor, base16: torch.Tensor, device,
+                 step_blocks: int = 1, checksums: bool = False) -> None:
+        self.geometry = geometry
+        self.device = torch.device(device)
+        self.base8, self.base16 = base8.to(self.device), base16.to(self.device)
+        self.b8p, self.dbp = PagedTensorV3.pair_constants(self.base8, self.base16)  # int32 [H, D/2]
+        self.native = self.device.type == "cpu" and native.available()
+        self.cuda = _cuda_codec() if self.device.type == "cuda" else None
+        self.pool = torch.zeros(GUARD, dtype=torch.uint8, device=self.device)
+        self.used = 0
+        self.step_blocks = step_blocks
+        # groups per mode (3-bit, 4-bit, raw), blocks stored as BF16, 0, 0 (the v2 pools' counter layout)
+        self.counts = torch.zeros(6, dtype=torch.int64)
+        self.encoded_blocks = 0
+        self.n_blocks = 0  # blocks in the pool
+        # optional per-block checksums: one int64 per stored block, found by its offset
+        self.sums = torch.zeros(0, dtype=torch.int64) if checksums else None
+        self.sum_offs = torch.zeros(0, dtype=torch.int64) if checksums else None
+
+    # -- the v2 pool protocol the layer drives (no deferred store: sizes are known right away) -------
+    @property
+    def n_slots(self) -> int:
+        return self.n_blocks - int(self.counts[3])
+
+    def _has_headroom(self, n: int) -> bool:
+        return True
+
+    def _reserve_bound(self, n: int) -> tuple[int, None]:
+        return 0, None
+
+    def page_bytes(self) -> int:
+        """Pool growth step: one decode step's blocks at their largest (BF16) size, at least
+        :data:`CPU_PAGE_BYTES`, a multiple of 4 KiB."""
+        want = max(self.step_blocks * self.geometry.raw_bytes, CPU_PAGE_BYTES)
+        return -(-want // 4096) * 4096
+
+    def _room(self, total: int) -> None:
+        need = self.used + total + GUARD
+        if need <= self.pool.numel():
+            return
+        page = self.page_bytes()
+        cap = self.used + GUARD + -(-(need - self.used - GUARD) // page) * page
+        pool = torch.zeros(cap, dtype=torch.uint8, device=self.device)
+        pool[: self.used] = self.pool[: self.used]
+        self.pool = pool
+
+    # -- encode and store ------------------------------------------------------------------------
+    def encode(self, blocks: torch.Tensor, heads: torch.Tensor) -> _EncodedV3:
+        """Encode bf16 ``[N, T, D]`` blocks (``heads`` int64 ``[N]``) with this pool's windows."""
+        g = self.geometry
+        b8, b16 = self.base8[heads], self.base16[heads]
+        if self.native:
+            rows, nbytes = native.encode_v3(blocks, b8, b16, g)
+        elif self.cuda is not None:
+            enc = self.cuda.encode_blocks_cuda(blocks.contiguous(), b8, b16, g)
+            rows, nbytes = enc.data, enc.nbytes
+        else:
+            enc = encode_blocks_v3(blocks, b8, b16, g)
+            rows, nbytes = enc.data, enc.nbytes
+        fits = nbytes <= g.raw_bytes
+        seg = _u32_at(rows.reshape(-1), torch.arange(rows.shape[0], device=rows.device) * g.raw_bytes
+                      + g.segtab_offset + 4 * g.segments)
+        wide, raw = (seg & 0xFFFF).sum(), (seg >> 16).sum()
+        modes = torch.stack([rows.shape[0] * g.groups - wide, wide - raw, raw]).cpu()
+        return _EncodedV3(rows, nbytes, fits, modes)
+
+    def store(self, enc: _EncodedV3, blocks: torch.Tensor, ub: int = 0, new=None) -> torch.Tensor:
+        """Place encoded blocks at the end of the pool; returns their int64 table entries ``[N]``."""
+        g = self.geometry
+        n = blocks.shape[0]
+        lens = torch.where(enc.fits, enc.nbytes.to(torch.int64), g.raw_bytes)
+        offs = self.used + torch.cumsum(lens, 0) - lens
+        total = int(lens.sum())  # the host sync of a CUDA v3 store
+        self._room(total)
+        if self.native:
+            native.pack_v3(enc.rows, enc.nbytes, blocks, offs, self.pool, g)
+        else:
+            data, _ = pack_blocks(EncodedBlocksV3(enc.rows, enc.nbytes, enc.fits, None), blocks)
+            self.pool[self.used : self.used + total] = data
+        if self.sums is not None:
+            src = torch.where(enc.fits[:, None], enc.rows, blocks.reshape(n, -1).contiguous().view(torch.uint8).reshape(n, -1))
+            self.sums = torch.cat([self.sums, byte_sums(src, 0, lens).cpu()])
+            self.sum_offs = torch.cat([self.sum_offs, offs.cpu()])
+        self.used += total
+        self.n_blocks += n
+        self.encoded_blocks += n
+        self.counts[:3] += enc.modes
+        self.counts[3] += int((~enc.fits).sum())
+        return offs + torch.where(enc.fits, 0, ENTRY_RAW)
+
+    # -- reading ---------------------------------------------------------------------------------
+    def gather(self, entries: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
+        """Decode table entries int64 ``[N]`` (``heads`` int64 ``[N]``) -> bf16 ``[N, T, D]``, bit-exact.
+        On the CPU every block's structure is checked (ValueError when corrupt)."""
+        g = self.geometry
+        e = entries.to(torch.int64)
+        if e.numel() == 0:
+            return torch.empty(0, g.block_size, g.head_dim, dtype=torch.bfloat16, device=self.device)
+        if self.native:
+            return native.decode_v3(self.pool, self.used, e.contiguous(), heads.to(torch.int64).contiguous(),
+                                    self.b8p, self.dbp, g)
+        if self.cuda is not None:
+            return self.cuda.decode_pool_cuda(self.pool, e, self.base8[heads], self.base16[heads], g)
+        try:
+            return decode_pool_v3(self.pool[: self.used], e, self.base8[heads], self.base16[heads], g,
+                                  validate=self.device.type == "cpu")
+        except ValueError as err:
+            raise ValueError(f"corrupt GAAC cache: {err}") from None
+
+    def block_lengths(self, entries: torch.Tensor) -> torch.Tensor:
+        """int64 stored length of each block that table ``entries`` (int64 ``[N]``) point at."""
+        g = self.geometry
+        raw = (entries & ENTRY_RAW).bool()
+        start = entries & ~(ALIGN - 1)
+        seg = _u32_at(torch.cat([self.pool, self.pool.new_zeros(g.raw_bytes)]), start + g.segtab_offset + 4 * g.segments)
+        n_ent, n_raw = seg & 0xFFFF, seg >> 16
+        comp = (((g.entry_offset + 2 * n_ent + 3) // 4) * 4 + 4 * n_raw + ALIGN - 1) // ALIGN * ALIGN
+        return torch.where(raw, g.raw_bytes, comp)
+
+    def compact(self, live: torch.Tensor) -> torch.Tensor:
+        """Drop blocks no table references. ``live``: int64 entries in use (any shape); returns them
+        renumbered into the compacted pool (same shape). Host syncs; only after crop / batch selection."""
+        flat = live.reshape(-1).to(torch.int64)
+        keep = torch.unique(flat)  # sorted: blocks keep their order
+        lens = self.block_lengths(keep) if keep.numel() else keep
+        new_off = torch.cumsum(lens, 0) - lens
+        total = int(lens.sum()) if keep.numel() else 0
+        owner = torch.repeat_interleave(torch.arange(keep.numel(), device=flat.device), lens)
+        src = (keep & ~(ALIGN - 1))[owner] + torch.arange(total, device=flat.device) - new_off[owner]
+        pool = torch.zeros(total + GUARD, dtype=torch.uint8, device=self.device)
+        pool[:total] = self.pool[src]
+        if self.sums is not None:
+            at = torch.searchsorted(self.sum_offs, (keep & ~(ALIGN - 1)).cpu())
+            self.sums, self.sum_offs = self.sums[at], new_off.cpu()
+        raw_left = int((keep & ENTRY_RAW).sum()) if keep.numel() else 0
+        self.pool, self.used, self.n_blocks = pool, total, int(keep.numel())
+        self.counts[3] = raw_left
+        renumbered = new_off + (keep & ENTRY_RAW)
+        return renumbered[torch.searchsorted(keep, flat)].reshape(live.shape)
+
+    def paged(self, table: torch.Tensor, tail: torch.Tensor) -> PagedTensorV3:
+        """This pool with a block table (int64) and tail buffer, as attention kernels read it."""
+        return PagedTensorV3(self.pool, table, tail, self.b8p, self.dbp)
+
+    def allocated_bytes(self) -> int:
+        sums = 0 if self.sums is None else 8 * (self.sums.numel() + self.sum_offs.numel())
+        return self.pool.numel() + sums
+
+    def resident_bytes(self) -> int:
+        sums = 0 if self.sums is None else 16 * self.n_blocks
+        return self.used + sums
+
+    # -- integrity -------------------------------------------------------------------------------
+    def verify(self, entries: torch.Tensor) -> dict:
+        """Check the blocks that table ``entries`` (int64, any shape) reference: offsets, structure (the
+        reference decoder's validation), and the checksums when kept. ValueError names what is wrong."""
+        g = self.geometry
+        e = torch.unique(entries.reshape(-1).to(torch.int64))
+        problems = []
+        start = e & ~(ALIGN - 1)
+        if bool(((e & (ALIGN - 1) & ~ENTRY_RAW) != 0).any()) or bool((start < 0).any()):
+            problems.append("block-table entries that are not 16-byte offsets (+1 for BF16 blocks)")
+        elif e.numel() and bool((start + self.block_lengths(e) > self.used).any()):
+            problems.append(f"block-table entries past the pool ({self.used} bytes in use)")
+        if not problems and e.numel():
+            try:
+                decode_pool_v3(self.pool[: self.used], e, self.base8[:1].expand(e.numel(), -1), self.base16[:1].expand(e.numel(), -1), g)
+            except ValueError as err:
+                problems.append(str(err))
+        if not problems and self.sums is not None and e.numel():
+            at = torch.searchsorted(self.sum_offs, start.cpu())
+            known = (at < self.sum_offs.numel()) & (self.sum_offs[at.clamp(max=max(self.sum_offs.numel() - 1, 0))] == start.cpu())
+            lens = self.block_lengths(e)
+            padded = torch.cat([self.pool, self.pool.new_zeros(g.raw_bytes)])
+            rows = padded[start[:, None] + torch.arange(g.raw_bytes, device=self.device)]
+            got = byte_sums(rows, 0, lens).cpu()
+            bad = (~known) | (got != self.sums[at.clamp(max=max(self.sum_offs.numel() - 1, 0))])
+            if bool(bad.any()):
+                problems.append(f"checksum mismatch in blocks at offsets {start[bad.to(start.device)][:8].tolist()}")
+        if problems:
+            raise ValueError("corrupt GAAC cache: " + "; ".join(problems))
+        raw = int((e & ENTRY_RAW).sum())
+        return {"slot_rows": int(e.numel()) - raw, "raw_rows": raw, "checksums": self.sums is not None}

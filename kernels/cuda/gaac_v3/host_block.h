@@ -1,0 +1,136 @@
+// GAAC format v3: whole blocks on the CPU, built from core.cuh (the one copy of the bit logic).
+//
+// Shared by the g++ test driver (host_driver.cpp, tests/test_v3_core.py) and the CPU library of
+// gaac_hf.kernels.cpu (kernels/cpu/gaac_cpu.cpp): where each chunk's bytes sit in a block and in which
+// order a warp would walk them (lane = chunk of a segment), plus the structural check every CPU decode
+// runs. Nothing here changes a bit: the bits come from decode_chunk / fix_group / encode_chunk.
+#pragma once
+#include <cstring>
+#include <vector>
+
+#include "core.cuh"
+
+namespace gaac_v3 {
+
+inline uint32_t ld32(const uint8_t* p) { uint32_t v; std::memcpy(&v, p, 4); return v; }
+inline void st32(uint8_t* p, uint32_t v) { std::memcpy(p, &v, 4); }
+
+// Pre-shifted pair constants of a head: b8p/dbp uint32 [D/2] from the uint8 bases [D] (the layout of
+// PagedTensorV3.b8p / .dbp in kernels/paged.py: pair p of chunk column col at 4 * col + p).
+inline void head_consts(const Geom& g, const uint8_t* b8, const uint8_t* b16, uint32_t* b8p, uint32_t* dbp) {
+  for (int col = 0; col < g.cols; ++col) column_consts(b8 + 8 * col, b16 + 8 * col, b8p + 4 * col, dbp + 4 * col);
+}
+
+// Structural check of the compressed block at blk (avail readable bytes from blk on): the segment
+// table starts at 0, grows by at most a segment's groups (raw counts by at most the wide counts),
+// the block ends within avail, and each segment's entries name groups inside it in increasing order.
+// Mirrors the validate=True checks of gaac_hf.codec.v3.decode_pool_v3. 0 = well formed.
+inline int check_block(const Geom& g, const uint8_t* blk, long long avail) {
+  if (avail < g.entry_off) return 1;
+  uint32_t prev = ld32(blk + g.segtab_off);
+  if (prev != 0) return 2;
+  for (int s = 0; s < g.segs; ++s) {
+    const uint32_t cur = ld32(blk + g.segtab_off + 4 * (s + 1));
+    const int de = (int)(cur & 0xFFFF) - (int)(prev & 0xFFFF), dr = (int)(cur >> 16) - (int)(prev >> 16);
+    if (de < 0 || de > CHUNK_ROWS * seg_chunks(g, s) || dr < 0 || dr > de) return 2;
+    prev = cur;
+  }
+  const int n_ent = prev & 0xFFFF, n_raw = prev >> 16;
+  if (block_bytes(g, n_ent, n_raw) > avail) return 3;
+  for (int s = 0; s < g.segs; ++s) {
+    const int e0 = ld32(blk + g.segtab_off + 4 * s) & 0xFFFF, e1 = ld32(blk + g.segtab_off + 4 * (s + 1)) & 0xFFFF;
+    int last = -1;
+    for (int i = e0; i < e1; ++i) {
+      const int pos = entry_pos(blk[g.entry_off + 2 * i]);
+      if (pos <= last || pos / CHUNK_ROWS >= seg_chunks(g, s)) return 4;
+      last = pos;
+    }
+  }
+  return 0;
+}
+
+// Decode one compressed block into BF16 pair words out[row * out_row_words + pair] (row-major
+// [T, D] when out_row_words = D/2). b8p / dbp: the head's pair constants (head_consts).
+inline void decode_block(const Geom& g, const uint8_t* blk, const uint32_t* b8p, const uint32_t* dbp, uint32_t* out,
+                         int out_row_words) {
+  const uint32_t seg_total = ld32(blk + g.segtab_off + 4 * g.segs);
+  const int n_ent_total = seg_total & 0xFFFF;
+  for (int s = 0; s < g.segs; ++s) {
+    const int m = seg_chunks(g, s);
+    // The main path, one lane per chunk, all lanes of the segment at once (structure of arrays, so
+    // that the compiler vectorizes across lanes as a warp does; padding lanes compute unused words).
+    alignas(64) uint32_t smv[8][SEG_CHUNKS], wv[CODE_WORDS][SEG_CHUNKS], bv[4][SEG_CHUNKS], ov[16][SEG_CHUNKS];
+    for (int k = 0; k < CODE_WORDS; ++k) {
+      std::memcpy(wv[k], blk + code_word_off(g, s, 0, k), 4 * m);  // word k of every lane: contiguous
+      std::memset(wv[k] + m, 0, 4 * (SEG_CHUNKS - m));
+    }
+    for (int lane = 0; lane < SEG_CHUNKS; ++lane) {
+      const int c = lane < m ? SEG_CHUNKS * s + lane : SEG_CHUNKS * s, col = chunk_col(g, c);
+      for (int i = 0; i < 8; ++i) smv[i][lane] = ld32(blk + 32 * c + 4 * i);
+      for (int p = 0; p < 4; ++p) bv[p][lane] = b8p[4 * col + p];
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r)
+#pragma GCC unroll 4
+      for (int p = 0; p < 4; ++p)
+        for (int lane = 0; lane < SEG_CHUNKS; ++lane)
+          ov[4 * r + p][lane] = decode_pair(smv[2 * r + (p >> 1)][lane], wv[0][lane], wv[1][lane], wv[2][lane], bv[p][lane], r, p);
+    for (int lane = 0; lane < m; ++lane) {
+      const int c = SEG_CHUNKS * s + lane, col = chunk_col(g, c), row0 = chunk_row0(g, c);
+      for (int r = 0; r < 4; ++r)
+        for (int p = 0; p < 4; ++p) out[(row0 + r) * out_row_words + 4 * col + p] = ov[4 * r + p][lane];
+    }
+    // the fix-up: one lane per entry of the segment; raw words in entry order from the segment's start
+    const uint32_t s0 = ld32(blk + g.segtab_off + 4 * s), s1 = ld32(blk + g.segtab_off + 4 * (s + 1));
+    const int e0 = s0 & 0xFFFF, n = (int)(s1 & 0xFFFF) - e0;
+    int raw_idx = s0 >> 16;
+    for (int i = 0; i < n; ++i) {
+      const uint32_t entry = blk[g.entry_off + 2 * (e0 + i)] | (blk[g.entry_off + 2 * (e0 + i) + 1] << 8);
+      const int pos = entry_pos(entry), c = SEG_CHUNKS * s + pos / 4, r = pos % 4;
+      const uint32_t rw = entry_raw(entry) ? ld32(blk + raw_off(g, n_ent_total) + 4 * raw_idx++) : 0;
+      const int col = chunk_col(g, c), row = chunk_row0(g, c) + r;
+      fix_group(out + row * out_row_words + 4 * col, dbp + 4 * col, entry, rw);
+    }
+  }
+}
+
+// Encode one block x (BF16 pair words, row-major [T, D]) with the head's uint8 bases into row (cap
+// bytes kept; zeros after the block). Returns the block's stored length (may exceed cap: then the
+// block is stored as BF16 by the caller).
+inline int encode_block(const Geom& g, const uint32_t* x, const uint8_t* b8, const uint8_t* b16, uint8_t* row, int cap) {
+  std::vector<uint8_t> buf(2 * cap + 64 * g.chunks, 0);  // room for any block before truncation to cap
+  std::vector<uint32_t> ents, raws;
+  std::vector<int> seg_ent(g.segs + 1), seg_raw(g.segs + 1);
+  const int words_per_row = g.D / 2;
+  for (int c = 0; c < g.chunks; ++c) {
+    const int s = c / SEG_CHUNKS, lane = c % SEG_CHUNKS, col = chunk_col(g, c), row0 = chunk_row0(g, c);
+    if (lane == 0) { seg_ent[s] = (int)ents.size(); seg_raw[s] = (int)raws.size(); }
+    uint32_t xv[16];
+    for (int r = 0; r < 4; ++r)
+      for (int p = 0; p < 4; ++p) xv[4 * r + p] = x[(row0 + r) * words_per_row + 4 * col + p];
+    ChunkCode cc;
+    uint32_t b8w[2], b16w[2];
+    std::memcpy(b8w, b8 + 8 * col, 8);
+    std::memcpy(b16w, b16 + 8 * col, 8);
+    encode_chunk(xv, b8w, b16w, cc);
+    for (int i = 0; i < 8; ++i) st32(&buf[32 * c + 4 * i], cc.sm[i]);
+    for (int k = 0; k < 3; ++k) st32(&buf[code_word_off(g, s, lane, k)], cc.w[k]);
+    for (int r = 0; r < 4; ++r) {
+      if ((cc.wide >> r) & 1) ents.push_back(cc.entry[r] | (uint32_t)(4 * lane + r));
+      if ((cc.raw >> r) & 1) raws.push_back(cc.rword[r]);
+    }
+  }
+  seg_ent[g.segs] = (int)ents.size();
+  seg_raw[g.segs] = (int)raws.size();
+  for (int s = 0; s <= g.segs; ++s) st32(&buf[g.segtab_off + 4 * s], (uint32_t)seg_ent[s] | ((uint32_t)seg_raw[s] << 16));
+  for (size_t i = 0; i < ents.size(); ++i) {
+    buf[g.entry_off + 2 * i] = ents[i] & 0xFF;
+    buf[g.entry_off + 2 * i + 1] = (ents[i] >> 8) & 0xFF;
+  }
+  const int ro = raw_off(g, (int)ents.size());
+  for (size_t i = 0; i < raws.size(); ++i) st32(&buf[ro + 4 * i], raws[i]);
+  std::memcpy(row, buf.data(), cap);
+  return block_bytes(g, (int)ents.size(), (int)raws.size());
+}
+
+}  // namespace gaac_v3

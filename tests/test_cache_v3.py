@@ -1,0 +1,272 @@
+"""GAACCache storing format v3 (``format_version=3``) on real SmolLM2-135M (CPU).
+
+Two contracts:
+
+* storage: the tests of ``tests/test_cache.py`` that apply (greedy over many blocks, left padding,
+  sampling, beam search, short prompts, continued prompts, prompt lookup with crop, crop into encoded
+  blocks, batch ops, special values, the hybrid sliding-window model) run again with every cache
+  storing v3 and attention taking SDPA on the decoded K/V: tokens and logits bit-identical to
+  DynamicCache + sdpa, stored blocks bit-exact.
+* the tiled CPU attention (the default for v3 decode steps and chunks): greedy tokens identical to
+  DynamicCache + sdpa; logits bit-identical between the C++ kernel and its PyTorch reference arithmetic
+  over whole generate() runs; within BF16 tolerance of fp64 attention on real K/V.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+import gaac_hf.cache.layer as layer_mod
+import gaac_hf.cache.tiled as tiled
+import tests.test_cache as tc
+from gaac_hf.cache import GAACCache
+from gaac_hf.cache.pool_v3 import _BlockPoolV3
+from gaac_hf.kernels.cpu import native
+from gaac_hf.kernels.cpu.reference import tiled_attention_reference
+from gaac_hf.kernels.reference import attention_reference
+
+pytestmark = pytest.mark.slow
+
+# the fixtures of tests/test_cache.py (the real model, the table, the held-out text)
+model_tok, text_ids, table = tc.model_tok, tc.text_ids, tc.table
+
+
+@pytest.fixture
+def v3_exact(monkeypatch):
+    """Every GAACCache built in the test stores v3, and attention is SDPA on the decoded K/V."""
+    monkeypatch.setattr(layer_mod, "default_format", lambda device: 3)
+    monkeypatch.setattr(tiled, "TILED_MAX_QUERY", 0)
+
+
+@pytest.fixture
+def v3_tiled(monkeypatch):
+    """Every GAACCache built in the test stores v3 (tiled attention on, the default for v3)."""
+    monkeypatch.setattr(layer_mod, "default_format", lambda device: 3)
+
+
+FULL = pytest.mark.full  # left out of the default run (CI time); ``-m "full or not full"`` runs them
+STORAGE_TESTS = [
+    "test_greedy_many_blocks_bit_identical", "test_batch_left_padding", "test_beam_search",
+    "test_prompt_lookup_decoding_uses_crop", "test_crop_into_encoded_block_then_continue",
+    "test_from_dynamic_cache", "test_crop_positive_and_to_zero", "test_hybrid_sliding_window_model_keeps_stock_sliding_layers",
+    pytest.param("test_sampling_fixed_seed", marks=FULL), pytest.param("test_prompt_shorter_than_a_block", marks=FULL),
+    pytest.param("test_continue_from_existing_cache", marks=FULL),
+    pytest.param("test_non_gaac_attention_gets_full_kv", marks=FULL),
+]
+
+
+@pytest.mark.parametrize("name", STORAGE_TESTS)
+def test_v3_storage_passes_the_cache_tests(name, v3_exact, request):
+    fn = getattr(tc, name)
+    import inspect
+
+    args = {p: request.getfixturevalue(p) for p in inspect.signature(fn).parameters}
+    fn(**args)
+
+
+def test_v3_is_what_the_layers_store(model_tok, table, text_ids, v3_exact):
+    model, _ = model_tok
+    dyn, gaac = tc.prefill_both(model, table, text_ids[:, :100])
+    layer = gaac.layers[0]
+    assert layer.format_version == 3 and isinstance(layer.pools[0], _BlockPoolV3)
+    assert layer.tables[0].dtype == torch.int64 and bool((layer.tables[0][:, :, : layer.num_blocks] % 16 == 0).all())
+    st = gaac.stats()
+    assert st["format_version"] == 3 and st["ratio"] > 1.25 and st["raw_fallback_blocks"] == 0
+    assert st["stored_blocks"] == 2 * 3 * 6 * 30 and st["encoded_blocks"] == st["stored_blocks"]
+
+
+def test_v3_stored_blocks_decode_to_dynamic_cache_bits(model_tok, table, text_ids, v3_exact):
+    """Codec level: every table entry, decoded by the reference codec from the pool, has DynamicCache's bits."""
+    from gaac_hf.codec.v3 import decode_pool_v3
+
+    model, _ = model_tok
+    dyn, gaac = tc.prefill_both(model, table, text_ids[:, 5000:5150])
+    nb, t = 150 // tc.BLOCK, tc.BLOCK
+    for li in (0, 7, 29):
+        layer = gaac.layers[li]
+        for kind, want in ((0, dyn.layers[li].keys), (1, dyn.layers[li].values)):
+            pool = layer.pools[kind]
+            e = layer.tables[kind][0, :, :nb].reshape(-1)
+            heads = torch.arange(3).repeat_interleave(nb)
+            got = decode_pool_v3(pool.pool[: pool.used], e, pool.base8[heads], pool.base16[heads], layer.geometry)
+            assert tc.same_bits(got, want[0, :, : nb * t].reshape(3 * nb, t, -1)), (li, kind)
+            assert tc.same_bits(layer.tails[kind][0, :, : layer.tail_len], want[0, :, nb * t :])
+
+
+def test_reorder_select_repeat_v3(model_tok, table, v3_exact):
+    model, _ = model_tok
+    cache, dyn = tc._filled(table, model, rows=3, tokens=77)  # some blocks do not fit: stored as BF16
+    layer = cache.layers[0]
+    for op, arg in (("reorder_cache", torch.tensor([2, 2, 0])), ("batch_repeat_interleave", 2),
+                    ("batch_select_indices", torch.tensor([0, 3, 5]))):
+        getattr(cache, op)(arg)
+        getattr(dyn, op)(arg)
+        tc._assert_layer0_equal(cache, dyn)
+        if op == "batch_select_indices":  # compacted: every block left is referenced
+            for kind in (0, 1):
+                assert layer.pools[kind].n_blocks == torch.unique(layer.tables[kind][:, :, : layer.num_blocks]).numel()
+        g = torch.Generator().manual_seed(1)
+        rows = layer.tails[0].shape[0]
+        k, v = tc._windowed(table, 0, rows, 9, g, 0.002), tc._windowed(table, 1, rows, 9, g, 0.005)
+        cache.update(k, v, 0)
+        dyn.update(k, v, 0)
+        tc._assert_layer0_equal(cache, dyn)
+    raw = [bool((tb[:, :, : layer.num_blocks] & 1).any()) for tb in layer.tables]
+    assert any(raw), "no block was stored as BF16"
+    assert cache.verify()["raw_rows"] > 0
+
+
+def test_special_values_survive_v3(model_tok, table, v3_exact):
+    """NaN / Inf / -0 / subnormal K/V through v3 blocks (compressed and BF16-stored) and the tail."""
+    tc.test_special_values_survive_the_cache_bit_for_bit(model_tok, table, "reference")
+
+
+# ---------------------------------------------------------------------------------------------
+# the tiled CPU attention
+# ---------------------------------------------------------------------------------------------
+def _generate(model, table, inputs, kw, reference: bool, monkeypatch):
+    if reference:
+        monkeypatch.setattr(native, "available", lambda: False)  # the PyTorch reference arithmetic
+    cache = GAACCache(model.config, calibration=table, format_version=3)
+    with tc.attention(model, "gaac"), torch.no_grad():
+        out = model.generate(**inputs, past_key_values=cache, **kw)
+    monkeypatch.undo()
+    return out, cache
+
+
+@pytest.mark.parametrize("case", ["greedy", "left_padding", "prompt_lookup", pytest.param("beams", marks=FULL)])
+def test_tiled_attention_tokens_and_reference_bits(model_tok, table, text_ids, wikitext_test, monkeypatch, case):
+    """Greedy decoding gives DynamicCache's tokens; the C++ kernel's logits are the reference's bits."""
+    model, tok = model_tok
+    kw = tc.gen_kwargs(tok, max_new_tokens=10)
+    if case == "left_padding":
+        tok.padding_side = "left"
+        inputs = dict(tok([wikitext_test[5000:5400], wikitext_test[9000:9120]], return_tensors="pt", padding=True))
+    elif case == "prompt_lookup":
+        inputs = {"input_ids": torch.cat([text_ids[:, 2000:2060], text_ids[:, 2000:2030]], dim=1)}
+        kw = tc.gen_kwargs(tok, max_new_tokens=16, prompt_lookup_num_tokens=6)
+    elif case == "beams":
+        inputs = {"input_ids": text_ids[:, 700:790]}
+        kw = tc.gen_kwargs(tok, num_beams=3, num_return_sequences=2, max_new_tokens=8)
+    else:
+        inputs = {"input_ids": text_ids[:, :140]}
+    with torch.no_grad():
+        ref = model.generate(**inputs, past_key_values=DynamicCache(config=model.config), **kw)
+    out, cache = _generate(model, table, inputs, kw, False, monkeypatch)
+    twin, _ = _generate(model, table, inputs, kw, True, monkeypatch)
+    assert torch.equal(out.sequences, twin.sequences)
+    for a, b in zip(out.logits, twin.logits):
+        assert tc.same_bits(a, b), "the C++ kernel and its reference arithmetic differ"
+    if case != "beams":  # greedy: DynamicCache's tokens, logits within BF16 noise
+        assert torch.equal(ref.sequences, out.sequences), (ref.sequences, out.sequences)
+        for a, b in zip(ref.logits, out.logits):
+            assert (a - b).abs().max() < 0.05 * a.abs().max()
+    assert cache.layers[0].num_blocks > 0
+
+
+def test_tiled_attention_on_real_kv(model_tok, table, text_ids, v3_tiled):
+    """Real SmolLM2 K/V (every layer) and real keys as queries: kernel == reference bit for bit, and
+    within BF16 rounding of fp64 attention."""
+    model, _ = model_tok
+    dyn, gaac = tc.prefill_both(model, table, text_ids[:, 4000:4213])
+    for li in (0, 11, 29):
+        layer = gaac.layers[li]
+        k, v = dyn.layers[li].keys, dyn.layers[li].values  # [1, 3, 213, 64]
+        q = k[:, :, -4:].repeat_interleave(3, 1) * 4  # [1, 9, 4, 64]: real key vectors, sharpened
+        for sq in (1, 4):
+            qq = q[:, :, -sq:].contiguous()
+            out = tiled.tiled_attention(qq, layer, None, 0.125)
+            ref = tiled_attention_reference(qq, k, v, 0.125, layer.geometry.block_size, tiled.split_tiles(layer.geometry.block_size))
+            assert tc.same_bits(out, ref)
+        fp = attention_reference(q[:, :, -1], k, v, [k.shape[2]], scale=0.125)
+        assert (out[:, -1].double() - fp).abs().max() <= 2 ** -7 * fp.abs().max()
+
+
+def test_without_compiler_the_cache_runs_the_reference(model_tok, table, text_ids, monkeypatch):
+    """No C++ library: the v3 cache encodes, decodes and attends with the PyTorch reference (one
+    warning) and gives the same logits as with the library."""
+    model, tok = model_tok
+    inputs, kw = {"input_ids": text_ids[:, 300:345]}, tc.gen_kwargs(tok, max_new_tokens=5)
+    out, _ = _generate(model, table, inputs, kw, False, monkeypatch)
+    monkeypatch.setattr(native, "_STATE", {})
+    monkeypatch.setenv("GAAC_HF_CPU_KERNELS", "0")
+    cache = GAACCache(model.config, calibration=table, format_version=3)
+    with pytest.warns(RuntimeWarning, match="CPU kernels are not available"), tc.attention(model, "gaac"), torch.no_grad():
+        slow = model.generate(**inputs, past_key_values=cache, **kw)
+    assert not cache.layers[0].pools[0].native
+    assert torch.equal(out.sequences, slow.sequences)
+    for a, b in zip(out.logits, slow.logits):
+        assert tc.same_bits(a, b)
+
+
+# ---------------------------------------------------------------------------------------------
+# memory bound and integrity on synthetic K/V (no model)
+# ---------------------------------------------------------------------------------------------
+def _v3_cache(checksums=False):
+    from conftest import synthetic_cache
+
+    return synthetic_cache(2, 2, 64, 16, return_full_kv=True, checksums=checksums, format_version=3)
+
+
+def test_v3_pool_allocation_is_bounded_through_a_walk():
+    """After every step (decode tokens, a prefill, crop, batch selection): each pool's capacity exceeds
+    its bytes in use by less than one page plus the guard, and at least the guard is readable."""
+    from gaac_hf.cache.pool_v3 import GUARD
+
+    cache = _v3_cache()
+    dyn = DynamicCache()
+    gen = torch.Generator().manual_seed(3)
+    for step, (op, n) in enumerate([("add", 40), *[("add", 1)] * 30, ("crop", -21), ("add", 50), ("select", 0), ("add", 7)]):
+        layer = cache.layers[0]
+        if op == "add":
+            b = layer.tails[0].shape[0] if layer.is_initialized else 3
+            k, v = (torch.randn(b, 2, n, 64, generator=gen).bfloat16() for _ in range(2))
+            for li in range(2):
+                cache.update(k, v, li)
+                dyn.update(k, v, li)
+        elif op == "crop":
+            cache.crop(n)
+            dyn.crop(n)
+        else:
+            idx = torch.tensor([0, 2])
+            cache.batch_select_indices(idx)
+            dyn.batch_select_indices(idx)
+        for li in range(2):
+            got = cache.layers[li].full_kv()
+            assert tc.same_bits(got[0], dyn.layers[li].keys) and tc.same_bits(got[1], dyn.layers[li].values), (step, op)
+            for p in cache.layers[li].pools:
+                slack = p.pool.numel() - p.used
+                assert GUARD <= slack < p.page_bytes() + GUARD, (step, op, slack)
+    st = cache.stats()
+    assert st["allocated_bytes"] >= st["resident_bytes"] > 0 and st["format_version"] == 3
+
+
+def test_v3_corruption_is_caught():
+    """A broken segment table is refused by every CPU decode; a flipped data byte only by the checksums."""
+    cache = _v3_cache(checksums=True)
+    gen = torch.Generator().manual_seed(4)
+    k, v = (torch.randn(1, 2, 5 * 16 + 3, 64, generator=gen).bfloat16() for _ in range(2))
+    for li in range(2):
+        cache.update(k, v, li)
+    assert cache.verify()["checksums"]
+    layer = cache.layers[1]
+    pool = layer.pools[0]
+    g = layer.geometry
+    off = int(layer.tables[0][0, 1, 2])
+    keep = pool.pool.clone()
+    pool.pool[off + 7] ^= 0x10  # a sign/mantissa byte: still a well-formed block
+    with pytest.raises(ValueError, match="checksum"):
+        cache.verify()
+    pool.pool.copy_(keep)
+    pool.pool[off + g.segtab_offset + 4 * g.segments + 1] = 0x7F  # the entry count past the segment's groups
+    with pytest.raises(ValueError, match="corrupt GAAC"):
+        layer.full_kv()
+    with pytest.raises(ValueError, match="corrupt GAAC"):
+        cache.verify()
+    pool.pool.copy_(keep)
+    layer.tables[0][0, 0, 1] += 8  # not a 16-byte offset
+    with pytest.raises(ValueError, match="corrupt GAAC"):
+        layer.full_kv()
+    with pytest.raises(ValueError, match="16-byte offsets"):
+        cache.verify()

@@ -1,0 +1,167 @@
+"""The CPU library (kernels/cpu/gaac_cpu.cpp, built by g++ from the v3 core) against its references:
+the encoder byte for byte and the decoder bit for bit against gaac_hf/codec/v3.py, the tiled attention
+bit for bit against kernels/cpu/reference.py (its defined arithmetic) and within BF16 tolerance of the
+fp64 attention. Mutation checks: a changed exp step, or FMA contraction allowed, must break bit identity.
+"""
+import ctypes
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from gaac_hf.codec.v3 import encode_blocks_v3, pack_blocks
+from gaac_hf.format.v3 import GeometryV3
+from gaac_hf.kernels.cpu import native
+from gaac_hf.kernels.cpu.reference import tiled_attention_reference, visibility
+from gaac_hf.kernels.paged import PagedKV, PagedTensorV3
+from gaac_hf.kernels.reference import attention_reference
+from tests.v3_cases import adversarial_blocks, every_pattern_blocks, same_bits
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+GUARD = PagedTensorV3.GUARD_BYTES
+
+
+def _consts(b8, b16):
+    return PagedTensorV3.pair_constants(b8, b16)
+
+
+@pytest.mark.parametrize("head_dim", [16, 64, 128, 256, 80])
+def test_encode_decode_match_the_reference(head_dim):
+    g = GeometryV3(64, head_dim)
+    cases = [adversarial_blocks(g, seed=head_dim)]
+    if head_dim in (64, 80):
+        x, b8, b16 = next(iter(every_pattern_blocks(g)))
+        cases.append((x, b8, b16))
+    for x, b8, b16 in cases:
+        n = x.shape[0]
+        b8, b16 = ((b if b.dim() == 2 else b.expand(n, -1)).contiguous() for b in (b8, b16))
+        rows, nbytes = native.encode_v3(x, b8, b16, g)
+        enc = encode_blocks_v3(x, b8, b16, g)
+        assert torch.equal(nbytes, enc.nbytes)
+        assert torch.equal(rows, enc.data), f"encoder rows differ in {int((rows != enc.data).sum())} bytes"
+        pool, entries = pack_blocks(enc, x)
+        pool = torch.cat([pool, pool.new_zeros(GUARD)])
+        # every block its own "head": pair constants per block
+        b8p, dbp = _consts(b8, b16)
+        got = native.decode_v3(pool, pool.numel() - GUARD, entries, torch.arange(n), b8p, dbp, g)
+        same_bits(got, x)
+
+
+def test_decode_rejects_corrupt_blocks_and_entries():
+    g = GeometryV3(16, 64)
+    x = torch.randn(4, 16, 64).bfloat16()
+    b8, b16 = torch.full((4, 64), 120, dtype=torch.uint8), torch.full((4, 64), 116, dtype=torch.uint8)
+    enc = encode_blocks_v3(x, b8, b16, g)
+    pool, entries = pack_blocks(enc, x)
+    used = pool.numel()
+    pool = torch.cat([pool, pool.new_zeros(GUARD)])
+    args = (torch.arange(4), *_consts(b8, b16), g)
+    same_bits(native.decode_v3(pool, used, entries, *args), x)
+    bad = pool.clone()
+    bad[int(entries[2]) + g.segtab_offset + 4 * g.segments] = 0xFF  # the last segment boundary: too many entries
+    with pytest.raises(ValueError, match="entry 2"):
+        native.decode_v3(bad, used, entries, *args)
+    with pytest.raises(ValueError, match="entry 1"):
+        native.decode_v3(pool, used, entries + torch.tensor([0, 8, 0, 0]), *args)  # not a 16-byte offset
+    with pytest.raises(ValueError, match="entry 3"):
+        native.decode_v3(pool, int(entries[3]) + 8, entries, *args)  # runs past the bytes in use
+
+
+def paged_case(b, h, t, d, nb, tl, seed=0, scale_k=2.0):
+    """A v3 PagedKV of random K/V plus the K/V themselves (BF16 [B, H, S, D])."""
+    gen = torch.Generator().manual_seed(seed)
+    g = GeometryV3(t, d)
+    s = nb * t + tl
+    kv = [(torch.randn(b, h, s, d, generator=gen) * sc).bfloat16() for sc in (scale_k, 1.0)]
+    b8, b16 = torch.full((h, d), 123, dtype=torch.uint8), torch.full((h, d), 119, dtype=torch.uint8)
+    parts, used = [], []
+    for x in kv:
+        blocks = x[:, :, : nb * t].reshape(b * h * nb, t, d)
+        heads = torch.arange(h).view(1, h, 1).expand(b, h, nb).reshape(-1)
+        enc = encode_blocks_v3(blocks, b8[heads], b16[heads], g)
+        pool, ent = pack_blocks(enc, blocks)
+        used.append(pool.numel())
+        tail = torch.zeros(b, h, t, d, dtype=torch.bfloat16)
+        tail[:, :, :tl] = x[:, :, nb * t :]
+        parts.append(PagedTensorV3.from_bases(torch.cat([pool, pool.new_zeros(GUARD)]), ent.view(b, h, nb).contiguous(), tail, b8, b16))
+    full = lambda n: torch.full((b,), n, dtype=torch.int32)  # noqa: E731
+    return PagedKV(parts[0], parts[1], full(nb), full(tl), g), tuple(used), kv
+
+
+@pytest.mark.parametrize("sq,split,tl", [(1, 1, 5), (1, 2, 0), (1, 64, 9), (5, 3, 3), (16, 2, 15)])
+def test_attention_is_the_reference_bit_for_bit(sq, split, tl):
+    b, h, rep, t, d, nb = 2, 3, 3, 16, 64, 7
+    kv, used, (k, v) = paged_case(b, h, t, d, nb, tl, seed=sq)
+    q = torch.randn(b, h * rep, sq, d).bfloat16()
+    out = native.attention_v3(q, kv, used, 0.125, split)
+    same_bits(out, tiled_attention_reference(q, k, v, 0.125, t, split))
+    f32 = native.attention_v3(q, kv, used, 0.125, split, float_out=True)  # before the final rounding too
+    assert torch.equal(f32.view(torch.int32), tiled_attention_reference(q, k, v, 0.125, t, split, out_dtype=torch.float32).view(torch.int32))
+    # within BF16 rounding of fp64 attention (decode rows)
+    if sq == 1:
+        s = nb * t + tl
+        ref = attention_reference(q[:, :, 0], k, v, [s] * b, scale=0.125)
+        assert (out[:, 0].double() - ref).abs().max() <= 2 ** -7 * ref.abs().max().clamp(min=1)
+
+
+def test_attention_masks_left_padding_and_gqa_rows():
+    b, h, rep, t, d, nb, tl, sq = 3, 2, 4, 16, 128, 5, 7, 3
+    kv, used, (k, v) = paged_case(b, h, t, d, nb, tl, seed=7)
+    s = nb * t + tl
+    q = torch.randn(b, h * rep, sq, d).bfloat16()
+    pad = torch.tensor([0, 20, 40])
+    mask = visibility(b, sq, s, None, None) & (torch.arange(s) >= pad.view(b, 1, 1))
+    out = native.attention_v3(q, kv, used, 0.09, 2, mask.to(torch.uint8).contiguous())
+    same_bits(out, tiled_attention_reference(q, k, v, 0.09, t, 2, mask))
+    kv2 = PagedKV(kv.k, kv.v, kv.num_blocks, kv.tail_len, kv.geometry, kv_start=pad.to(torch.int32))
+    same_bits(native.attention_v3(q, kv2, used, 0.09, 2), out)  # kv_start is the same left padding
+    ref = attention_reference(q[:, :, -1], k, v, [s] * b, scale=0.09, kv_start=pad.tolist())
+    assert (out[:, -1].double() - ref).abs().max() <= 2 ** -7 * ref.abs().max().clamp(min=1)
+
+
+def _build_variant(tmp_path, text: str, flags=native.FLAGS):
+    src = tmp_path / "gaac_cpu.cpp"
+    src.write_text(text)
+    so = tmp_path / "variant.so"
+    subprocess.run(["g++", *flags, f"-I{native.CORE}", "-o", str(so), str(src)], check=True, capture_output=True)
+    lib = ctypes.CDLL(str(so))
+    native._declare(lib)
+    return lib
+
+
+MUTATIONS = [
+    ("  r = r - n * LN2_LO;\n", "\n", native.FLAGS),  # exp without the low part of ln 2 (a few ulp)
+    ("", "", tuple(f if f != "-ffp-contract=off" else "-ffp-contract=fast" for f in native.FLAGS)),  # FMA allowed
+]
+
+
+@pytest.mark.parametrize("old,new,flags", MUTATIONS)
+def test_mutated_kernel_breaks_bit_identity(tmp_path, monkeypatch, old, new, flags):
+    text = (native.HERE / "gaac_cpu.cpp").read_text()
+    assert not old or text.count(old) == 1
+    lib = _build_variant(tmp_path, text.replace(old, new) if old else text, flags)
+    kv, used, (k, v) = paged_case(1, 3, 16, 64, 9, 4, seed=3)
+    q = torch.randn(1, 9, 4, 64, generator=torch.Generator().manual_seed(11)).bfloat16()
+    ref = tiled_attention_reference(q, k, v, 0.125, 16, 2, out_dtype=torch.float32)
+    monkeypatch.setitem(native._STATE, "lib", lib)
+    out = native.attention_v3(q, kv, used, 0.125, 2, float_out=True)  # float32: an FMA shows in the low bits
+    if "-march=native" in flags and not _has_fma():
+        pytest.skip("this CPU has no FMA: contraction changes nothing")
+    assert not torch.equal(out.view(torch.int32), ref.view(torch.int32))
+
+
+def _has_fma() -> bool:
+    try:
+        return " fma " in open("/proc/cpuinfo").read().replace("\n", " ")
+    except OSError:
+        return False
+
+
+def test_no_compiler_warns_once_and_returns_none(monkeypatch):
+    monkeypatch.setattr(native, "_STATE", {})
+    monkeypatch.setenv("GAAC_HF_CPU_KERNELS", "0")
+    with pytest.warns(RuntimeWarning, match="same bits") as rec:
+        assert native.library() is None
+        assert native.library() is None
+    assert len(rec) == 1
