@@ -47,10 +47,11 @@ def v3_tiled(monkeypatch):
 
 FULL = pytest.mark.full  # left out of the default run (CI time); ``-m "full or not full"`` runs them
 STORAGE_TESTS = [
-    "test_greedy_many_blocks_bit_identical", "test_batch_left_padding", "test_beam_search",
+    "test_greedy_many_blocks_bit_identical", "test_beam_search",
     "test_prompt_lookup_decoding_uses_crop", "test_crop_into_encoded_block_then_continue",
     "test_from_dynamic_cache", "test_crop_positive_and_to_zero", "test_hybrid_sliding_window_model_keeps_stock_sliding_layers",
-    pytest.param("test_sampling_fixed_seed", marks=FULL), pytest.param("test_prompt_shorter_than_a_block", marks=FULL),
+    # left padding runs in the default set through the tiled test below
+    pytest.param("test_batch_left_padding", marks=FULL), pytest.param("test_sampling_fixed_seed", marks=FULL), pytest.param("test_prompt_shorter_than_a_block", marks=FULL),
     pytest.param("test_continue_from_existing_cache", marks=FULL),
     pytest.param("test_non_gaac_attention_gets_full_kv", marks=FULL),
 ]
@@ -135,7 +136,8 @@ def _generate(model, table, inputs, kw, reference: bool, monkeypatch):
     return out, cache
 
 
-@pytest.mark.parametrize("case", ["greedy", "left_padding", "prompt_lookup", pytest.param("beams", marks=FULL)])
+@pytest.mark.parametrize("case", ["greedy", "left_padding", pytest.param("prompt_lookup", marks=FULL),
+                                  pytest.param("beams", marks=FULL)])
 def test_tiled_attention_tokens_and_reference_bits(model_tok, table, text_ids, wikitext_test, monkeypatch, case):
     """Greedy decoding gives DynamicCache's tokens; the C++ kernel's logits are the reference's bits."""
     model, tok = model_tok
