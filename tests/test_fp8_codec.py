@@ -49,7 +49,7 @@ def every_code_blocks(g: GeometryFP8):
     d, t = g.head_dim, g.block_size
     gen = torch.Generator().manual_seed(d)
     for step in (1, 37):
-        r = torch.arange(256 * max(1, t // 64) if t > 64 else 256).unsqueeze(1)
+        r = torch.arange(256).unsqueeze(1)  # 256 / T blocks
         x = ((r + torch.arange(d)[None] * step) % 256).to(torch.uint8).reshape(-1, t, d)
         n = x.shape[0]
         if step == 1:
@@ -191,10 +191,11 @@ def doc_decode(block: bytes, bn: list[int], bw: list[int], g: GeometryFP8) -> li
 
 
 def _doc_case(dtype):
+    """T = 16, D = 256 blocks of the every-code layout (the first 16 rows of each 64-row block, their bases)."""
     g = GeometryFP8(16, 256, dtype)  # 128 chunks: 4 segments, so the segment table and word-major codes matter
     x, bn, bw = next(iter(every_code_blocks(GeometryFP8(64, 256, dtype))))
     x = x[:, :16].contiguous()  # 16 rows: narrow, wide and (E5M2) raw groups in every segment
-    return g, x, bn[:, :], bw[:, :]
+    return g, x, bn, bw
 
 
 def check_against_document(g, x, bn, bw) -> None:
