@@ -46,6 +46,21 @@
 #ifndef PROD_SEGS  // segments (1,024 values) of each of K and V a producer warp decodes per tile: 1 or 2
 #define PROD_SEGS 2
 #endif
+// Measurement instruments (lab/probe_fused.py; the product never sets them): PROF adds a trailing
+// `unsigned long long* prof` parameter and sums clock64() cycles per phase and role into it
+// (prof[0..7]: producer wait-copies, issue, wait-empty, decode, loop, -, tiles, warps; prof[8..15]:
+// consumer wait-full, rows, loop, -, -, -, tiles, warps); PROBE bits switch work off to time the
+// rest (1: producers skip decoding, 2: producers skip the compressed copies and decode zeros, so
+// no fix-up work, 4: consumers skip the
+// attention arithmetic). Outputs are meaningless with PROBE != 0.
+#ifndef PROBE
+#define PROBE 0
+#endif
+#ifdef PROF
+#define PROF_T(x) const long long x = clock64()
+#else
+#define PROF_T(x)
+#endif
 #ifndef ENTRY_CHUNKS  // 16-byte chunks of entry list staged per producer, kind and stage (32 entries per segment)
 #define ENTRY_CHUNKS (4 * PSEG + 1)
 #endif
@@ -252,7 +267,11 @@ gaac_v3_decode_split(const u16* __restrict__ q,          // [B, Hkv*G, D]
                      float* __restrict__ part_lse,        // [B, Hkv*G, splits]
                      u16* __restrict__ out,               // [B, Hkv*G, D]
                      int* __restrict__ counters,          // [B*Hkv], zero between calls
-                     int hkv, int max_blocks, int tokens_per_split, float scale_log2) {
+                     int hkv, int max_blocks, int tokens_per_split, float scale_log2
+#ifdef PROF
+                     , unsigned long long* __restrict__ prof
+#endif
+                     ) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ __align__(8) unsigned long long full[DS * W], empty[DS * W];
 
@@ -268,6 +287,9 @@ gaac_v3_decode_split(const u16* __restrict__ q,          // [B, Hkv*G, D]
   for (int i = tid; i < D / 2; i += ALL_THREADS) {
     dbp_s[i] = __ldg(k_dbp + h * (D / 2) + i);
     dbp_s[D / 2 + i] = __ldg(v_dbp + h * (D / 2) + i);
+  }
+  if (PROBE & 2) {  // no copies: decode zeros (empty entry lists: the fix-ups do nothing)
+    for (int i = tid; i < S * NPROD * 2 * SLOT / 16; i += ALL_THREADS) sts128(cring + 16 * i, 0u, 0u, 0u, 0u);
   }
   if (tid == 0) {
     for (int i = 0; i < DS * W; ++i) {
@@ -292,13 +314,33 @@ gaac_v3_decode_split(const u16* __restrict__ q,          // [B, Hkv*G, D]
     // ---------------- consumer: the BF16 kernel's arithmetic on the decoded rows ----------------
     st.init();
     st.load_q(q + (static_cast<i64>(b) * hq_total + hq0) * D, lane);
+#ifdef PROF
+    long long c_wait = 0, c_rows = 0;
+    PROF_T(c_start);
+#endif
     for (int it = 0; it < n_tiles; ++it) {
       const int slot = it % DS;
+      PROF_T(t0);
       mbar_wait(full + slot * W + warp, (it / DS) & 1);
+      PROF_T(t1);
       const u16* dk = ring + (slot * W + warp) * 2 * DEC;
-      st.rows(dk, dk + DEC, first + it * TILE + 16 * warp, lo, hi, lane, scale_log2);
+      if (!(PROBE & 4)) st.rows(dk, dk + DEC, first + it * TILE + 16 * warp, lo, hi, lane, scale_log2);
+      PROF_T(t2);
       mbar_arrive(empty + slot * W + warp);
+#ifdef PROF
+      c_wait += t1 - t0, c_rows += t2 - t1;
+#endif
     }
+#ifdef PROF
+    PROF_T(c_end);
+    if (lane == 0) {
+      atomicAdd(prof + 8, static_cast<unsigned long long>(c_wait));
+      atomicAdd(prof + 9, static_cast<unsigned long long>(c_rows));
+      atomicAdd(prof + 10, static_cast<unsigned long long>(c_end - c_start));
+      atomicAdd(prof + 14, static_cast<unsigned long long>(n_tiles));
+      atomicAdd(prof + 15, 1ull);
+    }
+#endif
   } else {
     // ---------------- producer: a cp.async ring of compressed tiles, decoded into the BF16 ring ----
     const int pi = warp - W, c = pi / PPC, qq = pi % PPC;
@@ -366,21 +408,30 @@ gaac_v3_decode_split(const u16* __restrict__ q,          // [B, Hkv*G, D]
       main_issue(m);
       cp_async_commit();
     }
+#ifdef PROF
+    long long p_cp = 0, p_issue = 0, p_empty = 0, p_dec = 0;
+    PROF_T(p_start);
+#endif
     for (int it = 0; it < n_tiles; ++it) {
+      PROF_T(t0);
       cp_async_wait<S - 2>();
       __syncwarp();  // stage `it` landed (and every copy issued S - 1 iterations ago); the slots refilled below are free
+      PROF_T(t1);
       const i64 ek = ent_r[it % R][pi][0], ev = ent_r[it % R][pi][1];
-      main_issue(it + S - 1);
+      if (!(PROBE & 2)) main_issue(it + S - 1);
       seg_issue(it + 2 * (S - 1), false);
       ent_issue(it + LA, false);
       cp_async_commit();
+      PROF_T(t2);
       const int slot = it % DS;
       if (it >= DS) mbar_wait(empty + slot * W + c, ((it / DS) + 1) & 1);
+      PROF_T(t3);
       u16* dk = ring + (slot * W + c) * 2 * DEC;
       u16* dv = dk + DEC;
       const int tok0 = tok_of(it), r0 = tok0 % T, s0 = seg0(tok0);
       // main paths of K and V back to back (independent: the scheduler interleaves them), one
       // __syncwarp, then the two fix-ups
+      if (!(PROBE & 1)) {
       if (compressed(ek)) decode_main(dk, cslot(it, 0), qq, kb8, lane);
       if (compressed(ev)) decode_main(dv, cslot(it, 1), qq, vb8, lane);
       __syncwarp();
@@ -397,8 +448,25 @@ gaac_v3_decode_split(const u16* __restrict__ q,          // [B, Hkv*G, D]
         direct_rows(dv, ev == TAIL ? vtail + r0 * D : reinterpret_cast<const u16*>(v_pool + (ev & ~1LL)) + r0 * D,
                     qq, tok0, lo, hi, lane);
       }
+      }  // PROBE & 1
+      PROF_T(t4);
       mbar_arrive(full + slot * W + c);
+#ifdef PROF
+      p_cp += t1 - t0, p_issue += t2 - t1, p_empty += t3 - t2, p_dec += t4 - t3;
+#endif
     }
+#ifdef PROF
+    PROF_T(p_end);
+    if (lane == 0) {
+      atomicAdd(prof + 0, static_cast<unsigned long long>(p_cp));
+      atomicAdd(prof + 1, static_cast<unsigned long long>(p_issue));
+      atomicAdd(prof + 2, static_cast<unsigned long long>(p_empty));
+      atomicAdd(prof + 3, static_cast<unsigned long long>(p_dec));
+      atomicAdd(prof + 4, static_cast<unsigned long long>(p_end - p_start));
+      atomicAdd(prof + 6, static_cast<unsigned long long>(n_tiles));
+      atomicAdd(prof + 7, 1ull);
+    }
+#endif
     cp_async_wait<0>();
   }
   __syncthreads();
