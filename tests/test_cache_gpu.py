@@ -50,7 +50,7 @@ def test_reference_path_on_cuda_is_bit_identical(model_table):
     with torch.no_grad():
         ref = model.generate(**inputs, past_key_values=DynamicCache(config=model.config), **kw)
         with attention(model, "gaac"):
-            out = model.generate(**inputs, past_key_values=GAACCache(model.config, calibration=table, fused=False), **kw)
+            out = model.generate(**inputs, past_key_values=GAACCache(model.config, calibration=table, fused=False, format_version=2), **kw)
     assert torch.equal(ref.sequences, out.sequences)
     for a, b in zip(ref.logits, out.logits):
         assert same_bits(a, b)
@@ -63,7 +63,7 @@ def test_prefill_and_decode_step_never_sync_the_host(model_table):
     model, table = model_table
     assert table.base8.device.type == "cpu"  # as users load it
     ids = torch.randint(100, 49000, (1, 300), device="cuda")
-    cache = GAACCache(model.config, calibration=table)
+    cache = GAACCache(model.config, calibration=table, format_version=2)
     with torch.no_grad(), attention(model, "gaac"):
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
@@ -83,7 +83,7 @@ def test_triton_codec_slots_decode_with_the_reference_codec(model_table):
     model, table = model_table
     inputs = _prompt(2, 100, 2)
     dyn = DynamicCache(config=model.config)
-    cache = GAACCache(model.config, calibration=table, fused=False)
+    cache = GAACCache(model.config, calibration=table, fused=False, format_version=2)
     with torch.no_grad():
         model(**inputs, past_key_values=dyn)
         with attention(model, "gaac"):
@@ -105,8 +105,8 @@ def test_triton_codec_slots_decode_with_the_reference_codec(model_table):
     kw = dict(do_sample=False, max_new_tokens=6, return_dict_in_generate=True, output_logits=True,
               cache_implementation=None, pad_token_id=0)
     with torch.no_grad(), attention(model, "gaac"):
-        a = model.generate(**inputs, past_key_values=GAACCache(model.config, calibration=table, fused=False), **kw)
-        b = model.generate(**inputs, past_key_values=GAACCache(model.config, calibration=table, fused=False,
+        a = model.generate(**inputs, past_key_values=GAACCache(model.config, calibration=table, fused=False, format_version=2), **kw)
+        b = model.generate(**inputs, past_key_values=GAACCache(model.config, calibration=table, fused=False, format_version=2,
                                                                triton_codec=False), **kw)
     assert torch.equal(a.sequences, b.sequences) and all(same_bits(x, y) for x, y in zip(a.logits, b.logits))
 
@@ -125,7 +125,7 @@ def test_fused_decode_is_used_and_close_to_sdpa(model_table, monkeypatch):
         return out
 
     monkeypatch.setattr(gattn, "_fused_decode", counting)
-    cache = GAACCache(model.config, calibration=table)
+    cache = GAACCache(model.config, calibration=table, format_version=2)
     with torch.no_grad(), attention(model, "gaac"):
         model(**inputs, past_key_values=cache)  # prefill: reference path (q_len > 1)
         assert calls == []
@@ -143,7 +143,7 @@ def test_fused_decode_is_used_and_close_to_sdpa(model_table, monkeypatch):
     # one generate() step after prefill runs the fused kernel in every layer
     calls.clear()
     with torch.no_grad(), attention(model, "gaac"):
-        model.generate(**inputs, past_key_values=GAACCache(model.config, calibration=table), max_new_tokens=3,
+        model.generate(**inputs, past_key_values=GAACCache(model.config, calibration=table, format_version=2), max_new_tokens=3,
                        do_sample=False, cache_implementation=None, pad_token_id=0)
     assert len(calls) == 2 * 30 and all(calls)
 
@@ -159,7 +159,7 @@ def test_decode_finalize_without_host_sync(model_table, checksums):
 
     model, table = model_table
     g = torch.Generator().manual_seed(3)
-    cache = GAACCache(model.config, calibration=table, checksums=checksums)
+    cache = GAACCache(model.config, calibration=table, checksums=checksums, format_version=2)
     layer = cache.layers[0]
     ks, vs = [], []
 
@@ -211,7 +211,7 @@ def test_auto_takes_decode_then_sdpa_past_the_threshold(model_table, monkeypatch
     with torch.no_grad(), gattn._no_cudnn():  # the backend set "auto"'s long steps use, for both
         ref = model.generate(**inputs, past_key_values=DynamicCache(config=model.config), **kw)
         with attention(model, "gaac"):
-            cache = GAACCache(model.config, calibration=table, fused="auto")
+            cache = GAACCache(model.config, calibration=table, fused="auto", format_version=2)
             out = model.generate(**inputs, past_key_values=cache, **kw)
     assert cache.layers[0].fused == "auto" and cache.layers[0].pools[0].triton
     assert torch.equal(ref.sequences, out.sequences)

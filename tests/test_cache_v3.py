@@ -35,14 +35,14 @@ model_tok, text_ids, table = tc.model_tok, tc.text_ids, tc.table
 @pytest.fixture
 def v3_exact(monkeypatch):
     """Every GAACCache built in the test stores v3, and attention is SDPA on the decoded K/V."""
-    monkeypatch.setattr(layer_mod, "default_format", lambda device: 3)
+    monkeypatch.setattr(layer_mod, "default_format", lambda *a, **k: 3)
     monkeypatch.setattr(tiled, "TILED_MAX_QUERY", 0)
 
 
 @pytest.fixture
 def v3_tiled(monkeypatch):
     """Every GAACCache built in the test stores v3 (tiled attention on, the default for v3)."""
-    monkeypatch.setattr(layer_mod, "default_format", lambda device: 3)
+    monkeypatch.setattr(layer_mod, "default_format", lambda *a, **k: 3)
 
 
 FULL = pytest.mark.full  # left out of the default run (CI time); ``-m "full or not full"`` runs them
@@ -272,3 +272,14 @@ def test_v3_corruption_is_caught():
         layer.full_kv()
     with pytest.raises(ValueError, match="16-byte offsets"):
         cache.verify()
+
+
+def test_cpu_default_is_v2_and_the_fused_v3_kernel_says_why_not():
+    """The format a cache picks by default follows fused_v3.why_unavailable: never v3 on the CPU
+    (decode + SDPA there is bit-identical to DynamicCache + sdpa), with a reason in words."""
+    from gaac_hf.cache import fused_v3
+    from gaac_hf.cache.pool_v3 import default_format
+
+    reason = fused_v3.why_unavailable(torch.device("cpu"), 64, 3)
+    assert reason is not None and "cpu" in reason
+    assert default_format(torch.device("cpu"), 64, 3) == 2

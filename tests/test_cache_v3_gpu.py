@@ -1,8 +1,9 @@
-"""GAACCache(format_version=3) on CUDA (marker gpu): v3 storage on the device stays bit-identical to
-DynamicCache + sdpa (decode + SDPA: the fused v3 kernel is not wired in yet), batch ops included, and
-what the cache hands a kernel (``paged_kv()``) is a v3 PagedKV on the device whose blocks decode (v3
-CUDA decoder when it loads) to DynamicCache's bits. Random-weight SmolLM2-shaped model, as
-tests/test_cache_gpu.py.
+"""GAACCache(format_version=3) on CUDA (marker gpu): with ``fused=False`` (decode + SDPA) v3 storage on
+the device stays bit-identical to DynamicCache + sdpa, batch ops included; what the cache hands a
+kernel (``paged_kv()``) is a v3 PagedKV on the device whose blocks decode (v3 CUDA decoder) to
+DynamicCache's bits. On Hopper v3 is the default and decode steps run the fused v3 kernel, whose
+generate() tokens and logits are bit-identical to decoding the same cache and attending with the BF16
+CUDA twin at the same launch. Random-weight SmolLM2-shaped model, as tests/test_cache_gpu.py.
 """
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from test_cache import attention, same_bits
 from test_cache_gpu import _prompt, model_table  # noqa: F401 - the module fixture
 from transformers import DynamicCache
 
+import gaac_hf.cache.attention as gattn
+import gaac_hf.cache.fused_v3 as fv3
 from gaac_hf.cache import GAACCache
 from gaac_hf.codec.v3 import decode_pool_v3
 from gaac_hf.kernels.paged import PagedTensorV3
@@ -26,7 +29,7 @@ def test_v3_on_cuda_generate_is_bit_identical(model_table):
               cache_implementation=None, pad_token_id=0)
     with torch.no_grad():
         ref = model.generate(**inputs, past_key_values=DynamicCache(config=model.config), **kw)
-        cache = GAACCache(model.config, calibration=table, format_version=3)
+        cache = GAACCache(model.config, calibration=table, format_version=3, fused=False)
         with attention(model, "gaac"):
             out = model.generate(**inputs, past_key_values=cache, **kw)
     assert torch.equal(ref.sequences, out.sequences)
@@ -63,3 +66,98 @@ def test_v3_on_cuda_paged_kv_and_batch_ops(model_table):
         blocks = want[:, :, : nb * t].reshape(-1, t, want.shape[-1])
         assert same_bits(got.cpu(), blocks.cpu()) and same_bits(ref, blocks.cpu())
         assert same_bits(layer.full(kind), want)
+
+
+def _needs_fused_v3():
+    reason = fv3.why_unavailable(torch.device("cuda"), 64, 3)
+    if reason is not None:
+        pytest.skip(reason)
+
+
+def _twin_attention(query, layer, kv_start, scaling):
+    """Decode the layer, page it as BF16 and attend with the BF16 CUDA twin at the fused kernel's launch."""
+    from gaac_hf.kernels import LaunchConfig
+    from gaac_hf.kernels.cuda.attention import bf16_decode_attention_tensors, pack_paged_bf16
+    from gaac_hf.kernels.cuda.fused_attention import plan
+
+    k, v = layer.full_kv()
+    B, hkv, S, D = k.shape
+    T = layer.geometry.block_size
+    q = query[:, :, 0, :].contiguous()
+    blocks = max(layer.num_blocks, 1)
+    p = plan(B, hkv, q.shape[1] // hkv, T, D, blocks * T + T, q.device, LaunchConfig())
+    pk, pv = pack_paged_bf16(k, [S] * B, T), pack_paged_bf16(v, [S] * B, T)
+    out = bf16_decode_attention_tensors(q, pk["raw"], pv["raw"], pk["table"], pv["table"], pk["tail"], pv["tail"],
+                                        pk["num_blocks"], pk["tail_len"], kv_start=kv_start, scale=scaling,
+                                        active_blocks=blocks,
+                                        config=LaunchConfig(num_splits=p["splits"], num_warps=p["warps"]))
+    return out.unsqueeze(1)
+
+
+def test_default_on_hopper_is_v3_and_every_decode_step_runs_the_fused_kernel(model_table, monkeypatch):
+    _needs_fused_v3()
+    model, table = model_table
+    calls = []
+    real = fv3.fused_v3_attention
+
+    def counting(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(fv3, "fused_v3_attention", counting)
+    inputs = {k: v.cuda() for k, v in _prompt(2, 90, seed=4).items()}
+    cache = GAACCache(model.config, calibration=table)
+    with torch.no_grad(), attention(model, "gaac"):
+        model.generate(**inputs, past_key_values=cache, max_new_tokens=4, do_sample=False, cache_implementation=None,
+                       pad_token_id=0)
+    assert all(layer.format_version == 3 and layer.fused_v3 for layer in cache.layers)
+    assert len(calls) == 3 * len(cache.layers)  # every decode step, every layer (the prefill is not a decode step)
+
+
+def test_fused_v3_generate_is_bit_identical_to_the_bf16_twin(model_table, monkeypatch):
+    """Tokens and every step's logits of generate() with the fused kernel equal those of the same cache
+    decoded and attended by the BF16 CUDA twin at the same launch (left padding, blocks crossing the
+    tail, 3 rows)."""
+    _needs_fused_v3()
+    model, table = model_table
+    inputs = {k: v.cuda() for k, v in _prompt(3, 150, seed=6).items()}
+    kw = dict(do_sample=False, max_new_tokens=24, return_dict_in_generate=True, output_logits=True,
+              cache_implementation=None, pad_token_id=0)
+    with torch.no_grad(), attention(model, "gaac"):
+        fused = model.generate(**inputs, past_key_values=GAACCache(model.config, calibration=table), **kw)
+        calls = []
+
+        def twin(*a, **k):
+            calls.append(1)
+            return _twin_attention(*a, **k)
+
+        monkeypatch.setattr(fv3, "fused_v3_attention", twin)
+        ref = model.generate(**inputs, past_key_values=GAACCache(model.config, calibration=table), **kw)
+    assert calls, "the twin path did not run"
+    assert torch.equal(fused.sequences, ref.sequences)
+    for a, b in zip(fused.logits, ref.logits):
+        assert same_bits(a, b)
+
+
+def test_fused_v3_matches_sdpa_within_bf16_tolerance(model_table):
+    _needs_fused_v3()
+    model, table = model_table
+    inputs = {k: v.cuda() for k, v in _prompt(3, 120, seed=7).items()}
+    cache = GAACCache(model.config, calibration=table)
+    with torch.no_grad(), attention(model, "gaac"):
+        model(**inputs, past_key_values=cache)
+    layer, attn = cache.layers[7], model.model.layers[7].self_attn
+    q = torch.randn(3, 9, 1, 64, device="cuda", generator=torch.Generator("cuda").manual_seed(0)).to(torch.bfloat16)
+    mask = inputs["attention_mask"].bool()[:, None, None, :]
+    k, v = layer.full_kv()
+    ref, _ = gattn._sdpa()(attn, q.double().to(torch.bfloat16), k, v, mask, scaling=attn.scaling)
+    out = fv3.fused_v3_attention(q, layer, gattn._kv_start(mask), attn.scaling)
+    assert out.shape == ref.shape == (3, 1, 9, 64)
+    torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
+
+
+def test_unsupported_shapes_are_refused_with_the_reason():
+    _needs_fused_v3()
+    assert "head_dim 96" in fv3.why_unavailable(torch.device("cuda"), 96, 4)
+    assert "query heads per kv head" in fv3.why_unavailable(torch.device("cuda"), 256, 12)
+    assert fv3.why_unavailable(torch.device("cuda"), 128, 4) is None

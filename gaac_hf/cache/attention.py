@@ -30,6 +30,9 @@ Paths inside :func:`gaac_attention_forward`:
   also the faster one for long contexts on the H200 (see ``FUSED_MAX_TOKENS``).
 * tiled (format v3 layers on the CPU, q_len <= ``tiled.TILED_MAX_QUERY``, ``fused`` not False):
   :func:`gaac_hf.cache.tiled.tiled_attention`, the C++ tiled kernel over the compressed blocks.
+* fused v3 (format v3 layers on Hopper with the ``cuda`` extra, q_len == 1): :mod:`gaac_hf.cache.fused_v3`,
+  the CUDA C++ kernel decoding the compressed tiles in shared memory (bit-identical to the BF16 CUDA
+  twin on the decoded K/V at the same launch). Format v3 is the default there.
 * fused (CUDA, q_len == 1, kernel importable, format v2): :func:`_fused_decode`, the Triton decode kernel of
   ``gaac_hf.kernels.triton.attention`` reading slots directly. Falls back to the reference path when the
   kernel is missing or declines the call (returns None), and with ``GAACCache(fused="auto")``
@@ -43,6 +46,7 @@ from typing import Any, Callable
 
 import torch
 
+from . import fused_v3 as _fused_v3
 from . import tiled as _tiled
 
 # The fused Triton decode kernel is optional: without it every step takes the reference path. Any
@@ -267,7 +271,9 @@ def gaac_attention_forward(
     try:
         if _tiled.takes(layer, query, attention_mask, bool(module.training and dropout), kwargs):
             return _tiled.tiled_attention(query, layer, attention_mask, scaling), None
-        # format v3 on CUDA: decode + SDPA below until the fused v3 kernel (issue 15) is wired in here
+        if _fused_v3.takes(layer, query, attention_mask, bool(module.training and dropout), kwargs):
+            kv_start = _kv_start(attention_mask) if attention_mask is not None else None
+            return _fused_v3.fused_v3_attention(query, layer, kv_start, scaling), None
         if query.is_cuda and q_len == 1 and layer.format_version == 2 and not (module.training and dropout):
             out = _fused_decode(module, query, layer, attention_mask, scaling, **kwargs)
             if out is not None:

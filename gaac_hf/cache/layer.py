@@ -16,6 +16,7 @@ from .attention import uses_gaac_attention
 from .compat import POSITIVE_CROP_IS_LENGTH
 from .host import _HOST_SLOTS_PER_LAYER, _CountsMemo, _DeferredStore, _DeviceTables, _FitnessCheck, _HostSlab
 from .pool import _BlockPool, _grow, _reserve_from, _round_up, _sync_plan, decode_tables
+from .fused_v3 import report_fallback_once, why_unavailable
 from .pool_v3 import _BlockPoolV3, default_format, geometry_v3
 
 _K, _V = 0, 1
@@ -44,6 +45,12 @@ def _local_heads(table: CalibrationTable, heads: int, layer_idx: int) -> Calibra
         f"layer {layer_idx}: KV of {heads} kv-heads does not match the calibration table ({total} kv-heads"
         + (f", {world} tensor-parallel ranks)" if world > 1 else ")")
     )
+
+
+def _query_group(config) -> int | None:
+    """Query heads per kv head of a (text) config, or None when it does not say."""
+    hq, hkv = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
+    return hq // hkv if isinstance(hq, int) and isinstance(hkv, int) and hkv else None
 
 
 class GAACLayer(CacheLayerMixin):
@@ -78,7 +85,7 @@ class GAACLayer(CacheLayerMixin):
         self.fused = fused  # allow the Triton decode kernel (CUDA, q_len == 1) in GAAC attention
         self.triton_codec = triton_codec  # Triton encoder/decoder for CUDA pools (same bytes/bits)
         self.checksums = checksums  # per-block checksums written at encode time (see verify())
-        # storage format: 2 or 3, or None = chosen at the first update (3 on the CPU, 2 elsewhere)
+        # storage format: 2 or 3, or None = chosen at the first update (pool_v3.default_format)
         self._format_request = format_version
         self.format_version = format_version or 2
         self._geometry_v2 = geometry
@@ -126,7 +133,8 @@ class GAACLayer(CacheLayerMixin):
                 )
         b, h, _, d = key_states.shape
         dev = key_states.device
-        self.format_version = self._format_request or default_format(dev)
+        group = _query_group(self._config)
+        self.format_version = self._format_request or default_format(dev, d, group)
         g = self.geometry = self._geometry_v2 if self.format_version == 2 else geometry_v3(self._geometry_v2)
         if d != g.head_dim:
             raise ValueError(
@@ -135,6 +143,12 @@ class GAACLayer(CacheLayerMixin):
         self.device = dev
         table = self._device_tables.get(_local_heads(self._table, h, self.layer_idx), dev)
         cuda = dev.type == "cuda"
+        self.fused_v3 = False  # decode steps through the fused v3 CUDA kernel (see fused_v3.takes)
+        if self.format_version == 3 and cuda:
+            reason = why_unavailable(dev, d, group)
+            self.fused_v3 = reason is None
+            if reason is not None and self.fused:
+                report_fallback_once(self, reason)
         if self.format_version == 3:
             self._pools = [_BlockPoolV3(g, *table.bases(self.layer_idx, kind), dev, b * h, self.checksums)
                            for kind in (_K, _V)]

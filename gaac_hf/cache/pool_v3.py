@@ -32,9 +32,14 @@ GUARD = PagedTensorV3.GUARD_BYTES
 CPU_PAGE_BYTES = 16 << 10
 
 
-def default_format(device: torch.device) -> int:
-    """The storage format a cache built without ``format_version`` uses on ``device``."""
-    return 2
+def default_format(device: torch.device, head_dim: int | None = None, group: int | None = None) -> int:
+    """The storage format a cache built without ``format_version`` uses on ``device``: 3 where the fused
+    v3 decode kernel serves the layer (Hopper with the ``cuda`` extra, head_dim 64/128/256:
+    :func:`gaac_hf.cache.fused_v3.why_unavailable`), 2 elsewhere (the CPU's decode + SDPA path is
+    bit-identical to DynamicCache + sdpa; other GPUs run the v2 Triton kernels)."""
+    from .fused_v3 import why_unavailable
+
+    return 3 if why_unavailable(device, head_dim, group) is None else 2
 
 
 def geometry_v3(geometry) -> GeometryV3:
