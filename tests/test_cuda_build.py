@@ -10,6 +10,7 @@ import shutil
 import subprocess
 
 import pytest
+import torch
 
 from gaac_hf.kernels.cuda import runtime
 from gaac_hf.kernels import LaunchConfig
@@ -143,3 +144,14 @@ def test_fused_kernel_refuses_other_head_dims(tmp_path):
                                str(tmp_path / "k.cubin"))
     res = subprocess.run(cmd, capture_output=True, text=True)
     assert res.returncode != 0 and "64, 128 or 256" in res.stdout + res.stderr
+
+
+def test_launch_arguments_must_be_contiguous():
+    """A kernel reads only a tensor's data pointer: a strided view (a block-table column) is refused
+    instead of being read as dense (it once decoded the wrong blocks into a cropped v3 tail)."""
+    from gaac_hf.kernels.cuda import runtime
+
+    t = torch.arange(12, dtype=torch.int64).view(3, 4)
+    assert runtime._arg(t) == t.data_ptr() and runtime._arg(None) == 0
+    with pytest.raises(ValueError, match="not contiguous"):
+        runtime._arg(t[:, 1].reshape(-1))

@@ -182,7 +182,7 @@ class _BlockPoolV3:
         """Decode table entries int64 ``[N]`` (``heads`` int64 ``[N]``) -> bf16 ``[N, T, D]``, bit-exact.
         On the CPU every block's structure is checked (ValueError when corrupt)."""
         g = self.geometry
-        e = entries.to(torch.int64)
+        e = entries.to(torch.int64).contiguous()  # kernels read raw pointers (a table column is strided)
         if e.numel() == 0:
             return torch.empty(0, g.block_size, g.head_dim, dtype=torch.bfloat16, device=self.device)
         if self.native:

@@ -99,7 +99,7 @@ def decode_pool_cuda(pool: torch.Tensor, entries: torch.Tensor, base8: torch.Ten
     b8p, dbp, stride = tables if tables is not None else pair_tables(base8.to(pool.device), base16.to(pool.device), g)
     if n:
         items = n * -(-g.segments // 4)
-        _launch(g, pool.device, "gaac_v3_decode", _grid(items, pool.device), DECODE_THREADS, pool, entries.to(torch.int64),
+        _launch(g, pool.device, "gaac_v3_decode", _grid(items, pool.device), DECODE_THREADS, pool, entries.to(torch.int64).contiguous(),
                 b8p, dbp, stride, out, n)
     return out
 
@@ -121,7 +121,7 @@ def decode_reduce_cuda(pool: torch.Tensor, entries: torch.Tensor, base8: torch.T
     grid = grid or _grid(n * -(-g.segments // 4), pool.device)
     fold = torch.zeros(grid, dtype=torch.int32, device=pool.device)
     if n:
-        _launch(g, pool.device, "gaac_v3_decode_reduce", grid, DECODE_THREADS, pool, entries.to(torch.int64), b8p, dbp,
+        _launch(g, pool.device, "gaac_v3_decode_reduce", grid, DECODE_THREADS, pool, entries.to(torch.int64).contiguous(), b8p, dbp,
                 stride, fold, n)
     return fold
 

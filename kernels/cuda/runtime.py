@@ -254,6 +254,11 @@ def _set_max_dynamic_smem(kernel, nbytes: int, device_index: int) -> None:
 
 def _arg(a):
     if isinstance(a, torch.Tensor):
+        # a kernel sees only the data pointer: a strided view would be read as if it were dense
+        # (a column of a block table once decoded the wrong blocks into a cropped tail)
+        if not a.is_contiguous():
+            raise ValueError(f"CUDA kernel argument {a.dtype} {tuple(a.shape)} strides {a.stride()} is not "
+                             "contiguous: pass .contiguous()")
         return a.data_ptr()
     if a is None:
         return 0  # a null pointer
