@@ -12,7 +12,8 @@ For every (batch, context):
     GAACCache (whose prefill encodes every complete block): the difference is the encoding overhead;
   * decode-step latency, as wall time per step (host-synchronised) and as GPU busy time per step
     (sum of kernel durations from torch.profiler), for DynamicCache with SDPA pinned to the flash
-    backend and to the cuDNN backend, and for GAACCache with the fused Triton decode kernel.
+    backend and to the cuDNN backend, and for GAACCache with its default decode path (on Hopper with the
+    cuda extra: format v3 and the fused v3 CUDA kernel; recorded per row as ``gaac_decode_path``).
 The bytes each step must read (weights + KV) are reported so the ceiling is visible: with BF16 weights
 the ideal GPU-time gain is (W + KV_bf16) / (W + KV_gaac).
 """
@@ -217,16 +218,21 @@ def run_case(model, table, B, S, dev, args):
     model.set_attn_implementation("gaac")
     try:
         with flash():
-            warm = gaac_hf.GAACCache(model.config, calibration=table, fused=args.fused)
+            warm = gaac_hf.GAACCache(model.config, calibration=table, fused=args.fused, format_version=args.format_version)
             prefill(warm)
             del warm
             samples = []
             for _ in range(args.prefill_reps - 1):
-                samples.append(prefill(gaac_hf.GAACCache(model.config, calibration=table, fused=args.fused)))
-            cache = gaac_hf.GAACCache(model.config, calibration=table, fused=args.fused)
+                samples.append(prefill(gaac_hf.GAACCache(model.config, calibration=table, fused=args.fused, format_version=args.format_version)))
+            cache = gaac_hf.GAACCache(model.config, calibration=table, fused=args.fused, format_version=args.format_version)
             samples.append(prefill(cache))
             row["prefill_s_gaac"] = statistics.median(samples)
             row["prefill_s_gaac_samples"] = samples
+        row["gaac_format_version"] = cache.layers[0].format_version
+        row["gaac_decode_path"] = ("fused v3 CUDA" if getattr(cache.layers[0], "fused_v3", False) and args.fused
+                                   else "fused v2 Triton" if cache.layers[0].format_version == 2 and args.fused
+                                   and dev.type == "cuda"
+                                   else "decode + SDPA")
         st = cache.stats()
         row["gaac_stats"] = {k: st[k] for k in ("resident_bytes", "bf16_bytes", "ratio", "raw_fallback_blocks", "mode_shares")}
         row["bytes"]["kv_gaac"] = st["resident_bytes"]
@@ -257,6 +263,8 @@ def main(argv=None):
     p.add_argument("--prefill-reps", type=int, default=3, help="prefills timed per cache kind (median reported)")
     p.add_argument("--fused", default="true", choices=("true", "false", "auto"),
                    help="GAACCache(fused=...) for the GAAC rows (e2e_h200_auto.json ran with auto)")
+    p.add_argument("--format-version", type=int, default=None, choices=(2, 3),
+                   help="GAACCache(format_version=...); default: the cache's own choice (v3 on Hopper with the cuda extra)")
     p.add_argument("--tiny", action="store_true", help="2-layer model on the CPU: checks the script, measures nothing")
     args = p.parse_args(argv)
     args.fused = {"true": True, "false": False, "auto": "auto"}[args.fused]
@@ -275,7 +283,8 @@ def main(argv=None):
                      "python": platform.python_version()},
         "command": "python " + " ".join(sys.argv),
         "model": "Qwen3-8B shape, random init, bf16",
-        "calibration": {"format_version": 2, "block_size": table.geometry.block_size},
+        "calibration": {"table_format_version": 2, "block_size": table.geometry.block_size,
+                        "cache_format_version": args.format_version or "default"},
         "static_rows": "static_fa2 / static_cudnn: transformers StaticCache (preallocated, written in place) read by "
                        "SDPA on the filled prefix only (no mask, enable_gqa) under the pinned backend; see "
                        "inplace_static_sdpa (HF 5.17's own StaticCache decode passes a full-length mask: flash "

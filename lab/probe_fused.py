@@ -65,6 +65,8 @@ def main():
     ap.add_argument("--shape", default="qwen3-8b")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--context", type=int, default=65536)
+    ap.add_argument("--probes", default="0,1,2,3,4,5,6,7")
+    ap.add_argument("--extra", default="", help="comma-separated define sets (NAME=V:NAME=V), '' = none")
     args = ap.parse_args()
     from gaac_hf.kernels import LaunchConfig
 
@@ -72,15 +74,24 @@ def main():
     case = Case(args.shape, args.batch, args.context, dev)
     configs = [dict(num_warps=2, num_stages=3, ctas_per_sm=3, producer_segments=2),
                dict(num_warps=2, num_stages=2, ctas_per_sm=3, producer_segments=1)]
-    probes = [0, 1, 2, 3, 4, 5, 6, 7]
+    probes = [int(x) for x in args.probes.split(",")]
+    extras = [dict(kv.split("=") for kv in e.split(":")) if e else {} for e in args.extra.split(",")]
+    extras = [{k: int(v) for k, v in e.items()} for e in extras]
     rows = []
     for kw in configs:
         for probe in probes:
+          for extra in extras:
             cfg = LaunchConfig(**kw)
-            f, p = launcher(case, cfg, dict(PROBE=probe), None)
+            f, p = launcher(case, cfg, dict(PROBE=probe, **extra), None)
             us = harness.timeit_graph(f)
+            if probe == 0 and extra:  # the variant must give the default's bits
+                f0, _ = launcher(case, cfg, dict(PROBE=0), None)
+                a = f0().clone()
+                same = bool(torch.equal(a.view(torch.int16), f().view(torch.int16)))
+            else:
+                same = None
             prof = torch.zeros(16, dtype=torch.int64, device=dev)
-            fp, _ = launcher(case, cfg, dict(PROBE=probe), prof)
+            fp, _ = launcher(case, cfg, dict(PROBE=probe, **extra), prof)
             us_prof = harness.timeit_graph(fp)
             prof.zero_()
             fp()
@@ -90,13 +101,13 @@ def main():
             per = lambda x, n: x / n if n else None  # noqa: E731
             prod = {n: per(c[i], ptiles) for i, n in enumerate(P_NAMES)}
             cons = {n: per(c[8 + i], ctiles) for i, n in enumerate(C_NAMES)}
-            row = dict(config=kw, probe=probe, us=us, us_prof=us_prof, splits=p["splits"], threads=p["threads"],
+            row = dict(config=kw, probe=probe, extra=extra, same_bits_as_default=same, us=us, us_prof=us_prof, splits=p["splits"], threads=p["threads"],
                        producer_cycles_per_tile=prod, consumer_cycles_per_tile=cons,
                        producer_warps=pwarps, consumer_warps=cwarps, producer_tiles=ptiles, consumer_tiles=ctiles)
             rows.append(row)
             fmt = lambda d: " ".join(f"{k}={v:7.0f}" for k, v in d.items() if v is not None)  # noqa: E731
             print(f"{kw['num_warps']}w s{kw['num_stages']} c{kw['ctas_per_sm']} p{kw['producer_segments']} "
-                  f"probe={probe}: {us:7.1f} us (prof {us_prof:7.1f}) | P {fmt(prod)} | C {fmt(cons)}", flush=True)
+                  f"probe={probe} {extra} same={same}: {us:7.1f} us (prof {us_prof:7.1f}) | P {fmt(prod)} | C {fmt(cons)}", flush=True)
     res = dict(harness.provenance(argv=sys.argv), case=dict(shape=args.shape, batch=args.batch, context=args.context),
                probe_bits={"1": "producers skip decoding", "2": "producers skip compressed copies",
                            "4": "consumers skip attention arithmetic"},
