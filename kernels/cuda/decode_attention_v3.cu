@@ -56,9 +56,6 @@
 #ifndef PROBE
 #define PROBE 0
 #endif
-#ifndef SM_SWZ  // staged sign/mantissa bytes in a bank-conflict-free order (see issue_slice)
-#define SM_SWZ 0
-#endif
 #ifdef PROF
 #define PROF_T(x) const long long x = clock64()
 #else
@@ -144,14 +141,7 @@ __device__ __forceinline__ void issue_slice(u8* slot, const u8* pool, i64 e, int
   const u8* sm = blk + 1024 * s0;
   const u8* cw = blk + CODE_OFF + 384 * s0;
 #pragma unroll
-  for (int c = lane; c < SMB / 16; c += 32) {
-    // SM_SWZ: 16-byte chunk c of a segment (lane c/2's half c%2) lands at half * 512 + 16 * (c/2), so
-    // decode_main's two 16-byte loads per lane each read 512 contiguous bytes (no bank conflicts);
-    // else in source order (a 32-byte lane stride: 2-way conflicts, ncu call G2)
-    const int seg = c >> 6, cc = c & 63;
-    const int dst = SM_SWZ ? 1024 * seg + 512 * (cc & 1) + 16 * (cc >> 1) : 16 * c;
-    cp_async16(slot + dst, sm + 16 * c, 16);
-  }
+  for (int c = lane; c < SMB / 16; c += 32) cp_async16(slot + 16 * c, sm + 16 * c, 16);
 #pragma unroll
   for (int c = lane; c < CWB / 16; c += 32) cp_async16(slot + SMB + 16 * c, cw + 16 * c, 16);
   if (lane < 2) cp_async16(slot + SMB + CWB + 16 * lane, blk + ((SEGTAB_OFF + 4 * s0) & ~15) + 16 * lane, 16);
@@ -170,8 +160,7 @@ __device__ __forceinline__ void decode_main(u16* dec, const u8* slot, int q, con
 #pragma unroll
   for (int k = 0; k < PSEG; ++k) {
     const int cl = 32 * (PSEG * q + k) + lane;  // chunk within the consumer's 16 rows
-    const uint4 a = lds128(slot + 1024 * k + (SM_SWZ ? 16 : 32) * lane),
-                b = lds128(slot + 1024 * k + (SM_SWZ ? 512 + 16 * lane : 32 * lane + 16));
+    const uint4 a = lds128(slot + 1024 * k + 32 * lane), b = lds128(slot + 1024 * k + 32 * lane + 16);
     const u32 sm[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
     const u32 w[3] = {lds32(slot + SMB + 384 * k + 4 * lane), lds32(slot + SMB + 384 * k + 128 + 4 * lane),
                       lds32(slot + SMB + 384 * k + 256 + 4 * lane)};
