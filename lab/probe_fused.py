@@ -66,14 +66,15 @@ def main():
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--context", type=int, default=65536)
     ap.add_argument("--probes", default="0,1,2,3,4,5,6,7")
+    ap.add_argument("--configs", default="2/3/3/2,2/2/3/1", help="warps/stages/ctas_per_sm/producer_segments,...")
     ap.add_argument("--extra", default="", help="comma-separated define sets (NAME=V:NAME=V), '' = none")
     args = ap.parse_args()
     from gaac_hf.kernels import LaunchConfig
 
     dev = torch.device("cuda")
     case = Case(args.shape, args.batch, args.context, dev)
-    configs = [dict(num_warps=2, num_stages=3, ctas_per_sm=3, producer_segments=2),
-               dict(num_warps=2, num_stages=2, ctas_per_sm=3, producer_segments=1)]
+    configs = [dict(zip(("num_warps", "num_stages", "ctas_per_sm", "producer_segments"), map(int, c.split("/"))))
+               for c in args.configs.split(",")]
     probes = [int(x) for x in args.probes.split(",")]
     extras = [dict(kv.split("=") for kv in e.split(":")) if e else {} for e in args.extra.split(",")]
     extras = [{k: int(v) for k, v in e.items()} for e in extras]
