@@ -57,22 +57,24 @@ def main(path):
                     ax.set_visible(False)
                     continue
                 x = [r["context"] // 1024 for r in rs]
+                twin = "cuda_bf16" if "cuda_bf16" in rs[0]["us"] else "bf16_ours"  # v3 grid / v2 grid
                 if kind == "us":
-                    for m in ("fa2", "cudnn", "bf16_ours", "gaac", "gaac_decompress_cudnn"):
+                    for m in ("fa2", "cudnn", twin, "gaac", "gaac_decompress_cudnn"):
                         if all(m in r["us"] for r in rs):
                             ax.plot(x, [r["us"][m] for r in rs], marker="o", label=m)
                     ax.set_yscale("log")
                     ax.set_ylabel("us (median)")
                 else:
-                    for m in ("fa2", "cudnn", "bf16_ours"):
-                        ax.plot(x, [r["speedup"][m] for r in rs], marker="o", label=f"vs {m}")
+                    for m in ("fa2", "cudnn", twin):
+                        ax.plot(x, [r["speedup"][m] if "speedup" in r else r["us"][m] / r["us"]["gaac"] for r in rs],
+                                marker="o", label=f"vs {m}")
                     ax.axhline(1.0, color="k", lw=0.5)
                     ax.set_ylabel("speedup of GAAC (>1 = faster)")
                 ax.set_xscale("log", base=2)
                 ax.set_xlabel("context (K tokens)")
                 ax.set_title(f"{s} B={b}")
                 ax.legend(fontsize=7)
-        fig.suptitle(f"decode attention, {d['gpu']}, triton {d['versions']['triton']}")
+        fig.suptitle(f"decode attention, {d['gpu']}, {d.get('command', '').split()[1] if d.get('command') else ''}")
         fig.tight_layout()
         fig.savefig(p.with_name(p.stem + f"_{kind}.png"), dpi=80)
 

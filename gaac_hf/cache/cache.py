@@ -72,7 +72,9 @@ class GAACCache(Cache):
         block_size: override the table's block size (the windows do not depend on it).
         return_full_kv: None (default) = automatic from the config; True = always return full K/V
             (any attention function works); False = always return the tail carrier.
-        fused: decode steps (q_len == 1) on CUDA. True (default): the fused Triton kernel. ``"auto"``:
+        fused: decode steps (q_len == 1) on CUDA. True (default): the fused kernel over the compressed
+            blocks (format v3 on Hopper: the CUDA C++ kernel of ``gaac_hf.cache.fused_v3``; format v2:
+            the Triton kernel). ``"auto"`` (format v2):
             the fused kernel below ``gaac_hf.cache.attention.FUSED_MAX_TOKENS`` cached tokens,
             decode-then-SDPA (SDPA without its cuDNN backend) from there on: less GPU time at long
             contexts and less wall time when batched, a little more wall time at B=1 (measured on the
@@ -89,7 +91,8 @@ class GAACCache(Cache):
         format_version: how blocks are stored: 2 (``docs/FORMAT.md``), 3 (``docs/FORMAT_V3.md``: one
             byte pool of variable-length blocks, int64 block-table entries; on the CPU decode steps
             and short chunks attend tile by tile over the compressed blocks, ``docs/CACHE.md``), or
-            None: chosen per layer at the first update (``gaac_hf.cache.pool_v3.default_format``).
+            None: chosen per layer at the first update (``gaac_hf.cache.pool_v3.default_format``: v3 where
+            the fused v3 kernel serves the layer, i.e. Hopper with the ``cuda`` extra; v2 elsewhere).
 
     Full-attention layers get a :class:`GAACLayer`; sliding-window, chunked, linear and dummy layers
     keep their stock transformers layer (uncompressed).
