@@ -29,7 +29,7 @@ C_NAMES = ["wait_full", "rows", "loop"]
 
 def launcher(case, config, extra: dict, prof: torch.Tensor | None):
     from gaac_hf.kernels.cuda import runtime
-    from gaac_hf.kernels.cuda.attention import LOG2E, _counters
+    from gaac_hf.kernels.cuda.attention import LOG2E, _counters, split_partials
     from gaac_hf.kernels.cuda.fused_attention import plan
 
     q, kv = case.q, case.kv
@@ -42,8 +42,7 @@ def launcher(case, config, extra: dict, prof: torch.Tensor | None):
         defines["PROF"] = 1
     mod = runtime.load("decode_attention_v3.cu", defines, q.device)
     splits = p["splits"]
-    part_o = torch.empty(B, HQ, splits, D, device=q.device, dtype=torch.float32) if splits > 1 else None
-    part_lse = torch.empty(B, HQ, splits, device=q.device, dtype=torch.float32) if splits > 1 else None
+    part_o, part_lse = split_partials(B, HQ, splits, D, q.device)
     k, v = kv.k, kv.v
     out = case.out
     tail = (prof,) if prof is not None else ()

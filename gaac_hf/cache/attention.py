@@ -47,6 +47,7 @@ from typing import Any, Callable
 import torch
 
 from . import fused_v3 as _fused_v3
+from .calls import UNSUPPORTED_KWARGS
 from . import tiled as _tiled
 
 # The fused Triton decode kernel is optional: without it every step takes the reference path. Any
@@ -175,7 +176,7 @@ _no_cudnn = _NoCudnn
 
 
 # Attention kwargs the fused kernel does not implement: their presence means "reference path".
-_UNFUSED_KWARGS = ("softcap", "s_aux", "sinks", "position_bias", "sliding_window")
+_UNFUSED_KWARGS = UNSUPPORTED_KWARGS
 
 
 # (mask, its version counter, kv_start) of the last mask seen: transformers passes one mask object to

@@ -18,10 +18,10 @@ import warnings
 
 import torch
 
+from .calls import plain_call
+
 #: head_dims the fused kernel is built for (others decode + SDPA)
 HEAD_DIMS = (64, 128, 256)
-# Attention kwargs the kernel does not implement: their presence means "decode + SDPA".
-_UNSUPPORTED = ("softcap", "s_aux", "sinks", "position_bias", "sliding_window")
 _REPORTED: set = set()
 
 
@@ -77,12 +77,7 @@ def takes(layer, query: torch.Tensor, attention_mask, training_dropout: bool, kw
         return False
     if not getattr(layer, "fused_v3", False):
         return False
-    if any(kwargs.get(k) is not None for k in _UNSUPPORTED):
-        return False
-    if attention_mask is not None and (attention_mask.dtype != torch.bool or attention_mask.dim() != 4
-                                       or attention_mask.shape[1] != 1):
-        return False
-    return query.shape[1] % layer.tails[0].shape[1] == 0
+    return plain_call(layer, query, attention_mask, kwargs)
 
 
 def fused_v3_attention(query: torch.Tensor, layer, kv_start: torch.Tensor | None, scaling: float | None) -> torch.Tensor:

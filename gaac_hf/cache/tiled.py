@@ -18,6 +18,7 @@ import torch
 
 from ..kernels.cpu import native
 from ..kernels.cpu.reference import tiled_attention_reference
+from .calls import plain_call
 
 #: queries with more tokens than this (prefills) take SDPA on the decoded K/V, which for a prefill is
 #: the uncompressed input itself (nothing decoded)
@@ -27,7 +28,6 @@ TILED_MAX_QUERY = 128
 SPLIT_TOKENS = 1024
 
 # attention kwargs the tiled path does not implement: their presence means SDPA on the decoded K/V
-_UNSUPPORTED = ("softcap", "s_aux", "sinks", "position_bias", "sliding_window")
 
 # (mask, version, uint8 [B, Sq, L]) of the last mask: transformers hands every layer of a step the same one
 _MASK_MEMO: list = [None]
@@ -52,12 +52,7 @@ def takes(layer, query: torch.Tensor, attention_mask, training_dropout: bool, kw
         return False
     if query.shape[2] > TILED_MAX_QUERY or query.device.type != "cpu" or query.dtype != torch.bfloat16:
         return False
-    if any(kwargs.get(k) is not None for k in _UNSUPPORTED):
-        return False
-    if attention_mask is not None and (attention_mask.dtype != torch.bool or attention_mask.dim() != 4
-                                       or attention_mask.shape[1] != 1):
-        return False
-    return query.shape[1] % layer.tails[0].shape[1] == 0
+    return plain_call(layer, query, attention_mask, kwargs)
 
 
 def tiled_attention(query: torch.Tensor, layer, attention_mask: torch.Tensor | None, scaling: float | None) -> torch.Tensor:

@@ -180,25 +180,38 @@ def bf16_decode_attention_tensors(q, k_raw, v_raw, k_table, v_table, k_tail, v_t
     """The same on the tensors themselves (any head_dim multiple of 16 up to 256; the v2 ``PagedKV``
     geometry takes 64 / 128 / 256 only). Shapes in the module doc."""
     B, HQ, HKV, T, D = _check(q, k_raw, v_raw, k_table, v_table, k_tail, v_tail, num_blocks, tail_len, kv_start)
-    config = config or LaunchConfig()
     max_blocks = k_table.shape[2]
-    blocks = max_blocks if active_blocks is None else min(int(active_blocks), max_blocks)
-    p = plan(B, HKV, HQ // HKV, T, D, blocks * T + T, q.device, config)
-    mod = runtime.load(SOURCE, p["defines"], q.device)
-    if out is None:
-        out = torch.empty_like(q)
+    p, mod, out, part_o, part_lse, scale = prepare_launch(plan, SOURCE, q, HKV, T, max_blocks, active_blocks, config,
+                                                         out, scale)
     splits = p["splits"]
-    if splits > 1:
-        part_o = torch.empty(B, HQ, splits, D, device=q.device, dtype=torch.float32)
-        part_lse = torch.empty(B, HQ, splits, device=q.device, dtype=torch.float32)
-    else:
-        part_o = part_lse = None
-    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     runtime.launch(mod, "gaac_bf16_decode_split", (splits, HKV, B), (p["threads"],), p["smem"],
                    q, k_raw, v_raw, k_table, v_table, k_tail, v_tail, num_blocks, tail_len, kv_start,
                    part_o, part_lse, out, _counters(q.device, B * HKV), np.int32(HKV), np.int32(max_blocks),
                    np.int32(p["tokens_per_split"]), np.float32(scale * LOG2E), device=q.device)
     return out
+
+
+def prepare_launch(plan_fn, source: str, q: torch.Tensor, HKV: int, T: int, max_blocks: int, active_blocks,
+                   config, out, scale):
+    """What every split-KV decode launch of this folder needs before the launch: the plan (splits
+    sized by the live blocks when ``active_blocks`` is given, else the table's capacity), the
+    compiled module, the output, the split partials and the softmax scale."""
+    B, HQ, D = q.shape
+    blocks = max_blocks if active_blocks is None else min(int(active_blocks), max_blocks)
+    p = plan_fn(B, HKV, HQ // HKV, T, D, blocks * T + T, q.device, config or LaunchConfig())
+    mod = runtime.load(source, p["defines"], q.device)
+    part_o, part_lse = split_partials(B, HQ, p["splits"], D, q.device)
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    return p, mod, torch.empty_like(q) if out is None else out, part_o, part_lse, scale
+
+
+def split_partials(B: int, HQ: int, splits: int, D: int, device) -> tuple:
+    """fp32 per-split outputs ``[B, Hq, splits, D]`` and log-sum-exps ``[B, Hq, splits]`` that the
+    last CTA of each (sequence, kv head) merges; (None, None) for one split (written straight out)."""
+    if splits == 1:
+        return None, None
+    return (torch.empty(B, HQ, splits, D, device=device, dtype=torch.float32),
+            torch.empty(B, HQ, splits, device=device, dtype=torch.float32))
 
 
 _COUNTERS: dict = {}

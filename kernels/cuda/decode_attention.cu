@@ -142,13 +142,8 @@ gaac_bf16_decode_split(const u16* __restrict__ q,        // [B, Hkv*G, D]
   const int hq0 = h * G;
   const int hq_total = hkv * G;
 
-  const int nb = num_blocks[b];
-  const int len = nb * T + tail_len[b];
-  const int lo = kv_start != nullptr ? max(kv_start[b], 0) : 0;
-  const int s0 = split * tokens_per_split;
-  const int hi = min(s0 + tokens_per_split, len);
-  const int first = max(s0, lo / TILE * TILE);
-  const int n_tiles = hi > first ? (hi - first + TILE - 1) / TILE : 0;
+  const attend::SplitRange rg = attend::split_range(num_blocks, tail_len, kv_start, b, split, tokens_per_split, T, TILE);
+  const int nb = rg.nb, lo = rg.lo, hi = rg.hi, first = rg.first, n_tiles = rg.n_tiles;
 
   const i64 bh = static_cast<i64>(b) * hkv + h;
   PagedRows<T, D> kp{k_raw, k_tail + bh * T * D, k_table + bh * max_blocks, nb};

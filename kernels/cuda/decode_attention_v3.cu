@@ -246,6 +246,16 @@ __device__ __forceinline__ void mask_rows(u16* dec, int q, int tok0, int lo, int
   }
 }
 
+#ifdef PROF
+// One role's PROF record: 5 phase cycle sums at dst[0..4], tiles at dst[6], warps at dst[7].
+__device__ __forceinline__ void prof_add(unsigned long long* dst, const long long (&v)[5], int tiles) {
+#pragma unroll
+  for (int i = 0; i < 5; ++i) atomicAdd(dst + i, static_cast<unsigned long long>(v[i]));
+  atomicAdd(dst + 6, static_cast<unsigned long long>(tiles));
+  atomicAdd(dst + 7, 1ull);
+}
+#endif
+
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(ALL_THREADS, MIN_CTAS_PER_SM)
@@ -300,13 +310,8 @@ gaac_v3_decode_split(const u16* __restrict__ q,          // [B, Hkv*G, D]
   }
   __syncthreads();
 
-  const int nb = num_blocks[b];
-  const int len = nb * T + tail_len[b];
-  const int lo = kv_start != nullptr ? max(kv_start[b], 0) : 0;
-  const int s0 = split * tokens_per_split;
-  const int hi = min(s0 + tokens_per_split, len);
-  const int first = max(s0, lo / TILE * TILE);
-  const int n_tiles = hi > first ? (hi - first + TILE - 1) / TILE : 0;
+  const attend::SplitRange rg = attend::split_range(num_blocks, tail_len, kv_start, b, split, tokens_per_split, T, TILE);
+  const int nb = rg.nb, lo = rg.lo, hi = rg.hi, first = rg.first, n_tiles = rg.n_tiles;
   const i64 bh = static_cast<i64>(b) * hkv + h;
 
   attend::WarpState st;
@@ -333,13 +338,8 @@ gaac_v3_decode_split(const u16* __restrict__ q,          // [B, Hkv*G, D]
     }
 #ifdef PROF
     PROF_T(c_end);
-    if (lane == 0) {
-      atomicAdd(prof + 8, static_cast<unsigned long long>(c_wait));
-      atomicAdd(prof + 9, static_cast<unsigned long long>(c_rows));
-      atomicAdd(prof + 10, static_cast<unsigned long long>(c_end - c_start));
-      atomicAdd(prof + 14, static_cast<unsigned long long>(n_tiles));
-      atomicAdd(prof + 15, 1ull);
-    }
+    const long long cv[5] = {c_wait, c_rows, c_end - c_start, 0, 0};
+    if (lane == 0) prof_add(prof + 8, cv, n_tiles);
 #endif
   } else {
     // ---------------- producer: a cp.async ring of compressed tiles, decoded into the BF16 ring ----
@@ -457,15 +457,8 @@ gaac_v3_decode_split(const u16* __restrict__ q,          // [B, Hkv*G, D]
     }
 #ifdef PROF
     PROF_T(p_end);
-    if (lane == 0) {
-      atomicAdd(prof + 0, static_cast<unsigned long long>(p_cp));
-      atomicAdd(prof + 1, static_cast<unsigned long long>(p_issue));
-      atomicAdd(prof + 2, static_cast<unsigned long long>(p_empty));
-      atomicAdd(prof + 3, static_cast<unsigned long long>(p_dec));
-      atomicAdd(prof + 4, static_cast<unsigned long long>(p_end - p_start));
-      atomicAdd(prof + 6, static_cast<unsigned long long>(n_tiles));
-      atomicAdd(prof + 7, 1ull);
-    }
+    const long long pv[5] = {p_cp, p_issue, p_empty, p_dec, p_end - p_start};
+    if (lane == 0) prof_add(prof, pv, n_tiles);
 #endif
     cp_async_wait<0>();
   }

@@ -25,7 +25,7 @@ from gaac_hf.format.v3 import GeometryV3
 
 from ..paged import LaunchConfig, PagedKV, PagedTensorV3
 from . import runtime
-from .attention import LOG2E, _choose_splits, _counters
+from .attention import LOG2E, _choose_splits, _counters, prepare_launch
 from .attention import MAX_SMEM as _MAX_DYNAMIC
 
 MAX_SMEM = _MAX_DYNAMIC  # dynamic + static shared memory of one CTA
@@ -193,20 +193,10 @@ def gaac_decode_attention_v3(q: torch.Tensor, kv: PagedKV, *, scale: float | Non
                              launch: LaunchConfig | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """Decode attention over a v3 GAAC cache, compressed blocks decoded on the fly. Shapes in the module doc."""
     B, HQ, HKV, T, D = _check(q, kv)
-    config = launch or LaunchConfig()
     max_blocks = kv.k.table.shape[2]
-    blocks = max_blocks if kv.active_blocks is None else min(int(kv.active_blocks), max_blocks)
-    p = plan(B, HKV, HQ // HKV, T, D, blocks * T + T, q.device, config)
-    mod = runtime.load(SOURCE, p["defines"], q.device)
-    if out is None:
-        out = torch.empty_like(q)
+    p, mod, out, part_o, part_lse, scale = prepare_launch(plan, SOURCE, q, HKV, T, max_blocks, kv.active_blocks,
+                                                         launch, out, scale)
     splits = p["splits"]
-    if splits > 1:
-        part_o = torch.empty(B, HQ, splits, D, device=q.device, dtype=torch.float32)
-        part_lse = torch.empty(B, HQ, splits, device=q.device, dtype=torch.float32)
-    else:
-        part_o = part_lse = None
-    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     k, v = kv.k, kv.v
     runtime.launch(mod, "gaac_v3_decode_split", (splits, HKV, B), (p["threads"],), p["smem"],
                    q, k.pool, v.pool, k.table, v.table, k.tail, v.tail, k.b8p, k.dbp, v.b8p, v.dbp,

@@ -155,6 +155,28 @@ struct Output {
   int split, splits;
 };
 
+// The tokens one CTA attends to: split `split` of sequence `b` (num_blocks full blocks of `page`
+// tokens + tail_len, the first kv_start positions masked), in tiles of `tile` rows starting at
+// `first` (a multiple of `tile`, so the BF16 and fused kernels walk the same tiles).
+struct SplitRange {
+  int nb;       // complete blocks of the sequence
+  int lo, hi;   // attended positions [lo, hi) of this split
+  int first;    // first row of the first tile
+  int n_tiles;  // tiles of `tile` rows from `first`
+};
+__device__ __forceinline__ SplitRange split_range(const int* num_blocks, const int* tail_len, const int* kv_start,
+                                                  int b, int split, int tokens_per_split, int page, int tile) {
+  SplitRange r;
+  r.nb = num_blocks[b];
+  const int len = r.nb * page + tail_len[b];
+  r.lo = kv_start != nullptr ? max(kv_start[b], 0) : 0;
+  const int s0 = split * tokens_per_split;
+  r.hi = min(s0 + tokens_per_split, len);
+  r.first = max(s0, r.lo / tile * tile);
+  r.n_tiles = r.hi > r.first ? (r.hi - r.first + tile - 1) / tile : 0;
+  return r;
+}
+
 // Merge the warps' states through shared memory (smem: the CTA's dynamic shared memory, free now,
 // at least 4 * (2 * W * NT * 8 + W * NT * 8 * D) and 4 * G * splits bytes), write the CTA's result,
 // and when splits > 1 let the last CTA of this (sequence, kv head) merge every split in the same
