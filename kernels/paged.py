@@ -135,6 +135,8 @@ class LaunchConfig:
     loader: CUDA kernels: "cp.async" (16 B per lane) or "bulk" (the copy engine, a row per lane).
     producer_segments: the fused CUDA kernel: segments (1,024 values) of K and of V each producer
     warp decodes per tile (1 or 2; fewer means more producer warps).
+    producer_kinds: the fused CUDA kernel: 2 = a producer warp decodes K and V of its segments, 1 = one
+    producer for each (twice the producers, each with half the look-ups and copies).
     """
 
     num_splits: int | None = None
@@ -145,6 +147,7 @@ class LaunchConfig:
     ctas_per_sm: int | None = None
     loader: str | None = None
     producer_segments: int | None = None
+    producer_kinds: int | None = None
 
 
 DEFAULT_LAUNCH = LaunchConfig()

@@ -72,8 +72,8 @@ def main():
 
     dev = torch.device("cuda")
     case = Case(args.shape, args.batch, args.context, dev)
-    configs = [dict(zip(("num_warps", "num_stages", "ctas_per_sm", "producer_segments"), map(int, c.split("/"))))
-               for c in args.configs.split(",")]
+    configs = [dict(zip(("num_warps", "num_stages", "ctas_per_sm", "producer_segments", "producer_kinds"),
+                        map(int, c.split("/")))) for c in args.configs.split(",")]
     probes = [int(x) for x in args.probes.split(",")]
     extras = [dict(kv.split("=") for kv in e.split(":")) if e else {} for e in args.extra.split(",")]
     extras = [{k: int(v) for k, v in e.items()} for e in extras]
@@ -107,6 +107,7 @@ def main():
             rows.append(row)
             fmt = lambda d: " ".join(f"{k}={v:7.0f}" for k, v in d.items() if v is not None)  # noqa: E731
             print(f"{kw['num_warps']}w s{kw['num_stages']} c{kw['ctas_per_sm']} p{kw['producer_segments']} "
+                  f"k{kw.get('producer_kinds', 2)} "
                   f"probe={probe} {extra} same={same}: {us:7.1f} us (prof {us_prof:7.1f}) | P {fmt(prod)} | C {fmt(cons)}", flush=True)
     res = dict(harness.provenance(argv=sys.argv), case=dict(shape=args.shape, batch=args.batch, context=args.context),
                probe_bits={"1": "producers skip decoding", "2": "producers skip compressed copies",

@@ -120,15 +120,17 @@ def test_bit_identical_to_bf16_twin_and_close_to_fp64(B, HQ, HKV, D, T, lens, sp
 
 
 @pytest.mark.parametrize("B,HQ,HKV,D,T,lens", [CASES[1], CASES[2], CASES[3], CASES[6], CASES[8]])
-def test_one_segment_producers_bit_identical(B, HQ, HKV, D, T, lens):
-    """producer_segments=1: twice (four times at d=256) the producer warps, each decoding one segment."""
+@pytest.mark.parametrize("pseg,kinds", [(1, 2), (2, 1), (1, 1)])
+def test_producer_shapes_bit_identical(B, HQ, HKV, D, T, lens, pseg, kinds):
+    """producer_segments=1: twice (four times at d=256) the producer warps, each decoding one segment;
+    producer_kinds=1: one producer for K and one for V of each group of segments."""
     S = max(lens)
     k = synthetic_kv((B, HKV, S, D), "k", 5).to(DEV)
     v = synthetic_kv((B, HKV, S, D), "v", 6).to(DEV)
     q = torch.randn(B, HQ, D, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16).to(DEV)
     kv = pack_paged_v3(k, v, lens, T, _bases(k, v))
     for splits in (1, 3):
-        cfg = LaunchConfig(num_splits=splits, num_warps=2, producer_segments=1)
+        cfg = LaunchConfig(num_splits=splits, num_warps=2, producer_segments=pseg, producer_kinds=kinds)
         out = _check_both(q, k, v, kv, lens, T, cfg)
     assert _rel_err(out, attention_reference(q, k, v, lens)) < 1e-2
 

@@ -61,6 +61,9 @@
 #else
 #define PROF_T(x)
 #endif
+#ifndef KIND_SPLIT  // 1: a producer warp decodes one kind (K or V) of its segments, 0: both
+#define KIND_SPLIT 0
+#endif
 #ifndef ENTRY_CHUNKS  // 16-byte chunks of entry list staged per producer, kind and stage (32 entries per segment)
 #define ENTRY_CHUNKS (4 * PSEG + 1)
 #endif
@@ -80,8 +83,10 @@ constexpr int N = T * D;                      // values per block
 constexpr int COLS = D / 8;                   // chunk columns
 constexpr int NSEG = D / 64;                  // segments in a consumer's 16 rows
 constexpr int PSEG = NSEG < PROD_SEGS ? NSEG : PROD_SEGS;  // segments per producer
-constexpr int PPC = NSEG / PSEG;              // producers per consumer
-constexpr int PROWS = 16 / PPC;               // rows per producer
+constexpr int SG = NSEG / PSEG;               // segment groups of a consumer's 16 rows
+constexpr int NK = KIND_SPLIT ? 1 : 2;        // kinds (K, V) one producer decodes
+constexpr int PPC = SG * (3 - NK);            // producers per consumer
+constexpr int PROWS = 16 / SG;                // rows per segment group
 constexpr int NPROD = W * PPC;
 constexpr int ALL_THREADS = 32 * (W + NPROD);
 constexpr int SEGS = N / 1024;                // segments per block
@@ -290,7 +295,7 @@ gaac_v3_decode_split(const u16* __restrict__ q,          // [B, Hkv*G, D]
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int hq0 = h * G, hq_total = hkv * G;
 
-  // shared memory: decoded ring [DS][W][2 kinds][DEC] | dbp [2][D/2] | compressed ring [S][NPROD][2][SLOT]
+  // shared memory: decoded ring [DS][W][2 kinds][DEC] | dbp [2][D/2] | compressed ring [S][NPROD][NK][SLOT]
   u16* ring = reinterpret_cast<u16*>(smem);
   u32* dbp_s = reinterpret_cast<u32*>(smem + DS * W * 2 * DEC * 2);
   u8* cring = smem + DS * W * 2 * DEC * 2 + 4 * D;
@@ -299,7 +304,7 @@ gaac_v3_decode_split(const u16* __restrict__ q,          // [B, Hkv*G, D]
     dbp_s[D / 2 + i] = __ldg(v_dbp + h * (D / 2) + i);
   }
   if (PROBE & 2) {  // no copies: decode zeros (empty entry lists: the fix-ups do nothing)
-    for (int i = tid; i < S * NPROD * 2 * SLOT / 16; i += ALL_THREADS) sts128(cring + 16 * i, 0u, 0u, 0u, 0u);
+    for (int i = tid; i < S * NPROD * NK * SLOT / 16; i += ALL_THREADS) sts128(cring + 16 * i, 0u, 0u, 0u, 0u);
   }
   if (tid == 0) {
     for (int i = 0; i < DS * W; ++i) {
@@ -343,7 +348,12 @@ gaac_v3_decode_split(const u16* __restrict__ q,          // [B, Hkv*G, D]
 #endif
   } else {
     // ---------------- producer: a cp.async ring of compressed tiles, decoded into the BF16 ring ----
-    const int pi = warp - W, c = pi / PPC, qq = pi % PPC;
+    const int pi = warp - W, c = pi / PPC;
+    // its segment group of the consumer's rows, and the kinds it decodes (warp-uniform; with
+    // KIND_SPLIT the producers of a segment group take K and V: half the per-tile look-ups and
+    // copy issue of a producer that takes both, calls G1/G9)
+    const int qq = KIND_SPLIT ? (pi % PPC) >> 1 : pi % PPC;
+    const bool doK = !KIND_SPLIT || (pi & 1) == 0, doV = !KIND_SPLIT || (pi & 1) == 1;
     const i64* kt = k_table + bh * max_blocks;
     const i64* vt = v_table + bh * max_blocks;
     const u16* ktail = k_tail + bh * T * D;
@@ -358,7 +368,7 @@ gaac_v3_decode_split(const u16* __restrict__ q,          // [B, Hkv*G, D]
     }
     auto tok_of = [&](int it) { return first + it * TILE + crow; };
     auto seg0 = [&](int tok0) { return (tok0 % T) * D / 1024 + PSEG * qq; };  // first segment of this producer
-    auto cslot = [&](int it, int kind) { return cring + ((it % S) * NPROD * 2 + pi * 2 + kind) * SLOT; };
+    auto cslot = [&](int it, int kind) { return cring + ((it % S) * NPROD * NK + pi * NK + (NK == 2 ? kind : 0)) * SLOT; };
     // The look-ups run ahead asynchronously (cp.async into small shared rings, completed with the
     // stage groups), so no register ever waits on a global load inside the loop: a tile's block-table
     // entries are copied at iteration m - 3(S-1), its segment-table words (needing the entry) at
@@ -370,7 +380,7 @@ gaac_v3_decode_split(const u16* __restrict__ q,          // [B, Hkv*G, D]
     __shared__ __align__(8) i64 ent_r[R][NPROD][2];  // block-table entries (K, V)
     __shared__ __align__(8) u32 seg_r[R][NPROD][4];  // segment words (K lo, K hi, V lo, V hi)
     auto ent_issue = [&](int m, bool sync) {         // lanes 0 / 1: K / V entry of tile m
-      if (lane < 2 && m < n_tiles) {
+      if (lane < 2 && m < n_tiles && (lane == 0 ? doK : doV)) {
         const int blk = tok_of(m) / T;
         i64* dst = &ent_r[m % R][pi][lane];
         const i64* src = (lane == 0 ? kt : vt) + blk;
@@ -380,7 +390,7 @@ gaac_v3_decode_split(const u16* __restrict__ q,          // [B, Hkv*G, D]
       }
     };
     auto seg_issue = [&](int m, bool sync) {         // lanes 0..3: its segment words (entries landed)
-      if (lane < 4 && m < n_tiles) {
+      if (lane < 4 && m < n_tiles && (lane < 2 ? doK : doV)) {
         const i64 e = ent_r[m % R][pi][lane >> 1];
         if (compressed(e)) {
           const u8* src = (lane < 2 ? k_pool : v_pool) + e + SEGTAB_OFF + 4 * (seg0(tok_of(m)) + (lane & 1) * PSEG);
@@ -395,8 +405,8 @@ gaac_v3_decode_split(const u16* __restrict__ q,          // [B, Hkv*G, D]
       const i64 ek = ent_r[m % R][pi][0], ev = ent_r[m % R][pi][1];
       const u32* sw = seg_r[m % R][pi];
       const int s0 = seg0(tok_of(m));
-      issue_slice(cslot(m, 0), k_pool, ek, s0, SegWords{sw[0], sw[1]}, lane);
-      issue_slice(cslot(m, 1), v_pool, ev, s0, SegWords{sw[2], sw[3]}, lane);
+      if (doK) issue_slice(cslot(m, 0), k_pool, ek, s0, SegWords{sw[0], sw[1]}, lane);
+      if (doV) issue_slice(cslot(m, 1), v_pool, ev, s0, SegWords{sw[2], sw[3]}, lane);
     };
     // prologue: the metadata the first iterations need, loaded directly; stages 0 .. S-2 in flight
     for (int m = 0; m < LA; ++m) ent_issue(m, true);
@@ -432,16 +442,18 @@ gaac_v3_decode_split(const u16* __restrict__ q,          // [B, Hkv*G, D]
       // main paths of K and V back to back (independent: the scheduler interleaves them), one
       // __syncwarp, then the two fix-ups
       if (!(PROBE & 1)) {
-      if (compressed(ek)) decode_main(dk, cslot(it, 0), qq, kb8, lane);
-      if (compressed(ev)) decode_main(dv, cslot(it, 1), qq, vb8, lane);
+      if (doK && compressed(ek)) decode_main(dk, cslot(it, 0), qq, kb8, lane);
+      if (doV && compressed(ev)) decode_main(dv, cslot(it, 1), qq, vb8, lane);
       __syncwarp();
-      if (compressed(ek)) {
+      if (!doK) {
+      } else if (compressed(ek)) {
         decode_fix(dk, cslot(it, 0), k_pool + ek, s0, qq, dbp_s, lane);
       } else {
         direct_rows(dk, ek == TAIL ? ktail + r0 * D : reinterpret_cast<const u16*>(k_pool + (ek & ~1LL)) + r0 * D,
                     qq, tok0, lo, hi, lane);
       }
-      if (compressed(ev)) {
+      if (!doV) {
+      } else if (compressed(ev)) {
         decode_fix(dv, cslot(it, 1), v_pool + ev, s0, qq, dbp_s + D / 2, lane);
         mask_rows(dv, qq, tok0, lo, hi, lane);
       } else {

@@ -39,9 +39,10 @@ def segments_per_producer(d: int, pseg: int | None = None) -> int:
     return min(d // 64, pseg or DEFAULT_PRODUCER_SEGMENTS)
 
 
-def producers_per_consumer(d: int, pseg: int | None = None) -> int:
-    """Producer warps per consumer warp: the consumer's 16 rows (d / 64 segments) split among them."""
-    return (d // 64) // segments_per_producer(d, pseg)
+def producers_per_consumer(d: int, pseg: int | None = None, kinds: int | None = None) -> int:
+    """Producer warps per consumer warp: the consumer's 16 rows (d / 64 segments) split among them,
+    and with ``kinds == 1`` one producer for K and one for V of each group of segments."""
+    return (d // 64) // segments_per_producer(d, pseg) * (2 if kinds == 1 else 1)
 
 
 def entry_chunks(d: int, pseg: int | None = None) -> int:
@@ -55,48 +56,51 @@ def _slot_bytes(d: int, pseg: int | None = None) -> int:
     return 1408 * segments_per_producer(d, pseg) + 32 + 16 * entry_chunks(d, pseg)
 
 
-def smem_bytes(d: int, warps: int, stages: int, dec_stages: int = 2, pseg: int | None = None) -> int:
+def smem_bytes(d: int, warps: int, stages: int, dec_stages: int = 2, pseg: int | None = None,
+               kinds: int | None = None) -> int:
     """Decoded ring ([dec_stages][warps][K, V][16 x (d + 8)] BF16) + (base16 - base8) pairs + the
-    compressed ring ([stages][producers][K, V][slot])."""
-    producers = warps * producers_per_consumer(d, pseg)
-    return dec_stages * warps * 2 * 16 * (d + 8) * 2 + 4 * d + stages * producers * 2 * _slot_bytes(d, pseg)
+    compressed ring ([stages][producers][kinds per producer][slot])."""
+    producers = warps * producers_per_consumer(d, pseg, kinds)
+    nk = 1 if kinds == 1 else 2
+    return dec_stages * warps * 2 * 16 * (d + 8) * 2 + 4 * d + stages * producers * nk * _slot_bytes(d, pseg)
 
 
-def static_bytes(d: int, warps: int, stages: int, pseg: int | None = None) -> int:
+def static_bytes(d: int, warps: int, stages: int, pseg: int | None = None, kinds: int | None = None) -> int:
     """The kernel's static shared memory: the metadata rings (3 (stages - 1) + 2 slots of two entries
     and four segment words per producer) and the mbarriers (+ slack for the compiler's own)."""
-    producers = warps * producers_per_consumer(d, pseg)
+    producers = warps * producers_per_consumer(d, pseg, kinds)
     return (3 * (stages - 1) + 2) * producers * 32 + 2 * 2 * warps * 8 + 256
 
 
-def cta_bytes(d: int, warps: int, stages: int, pseg: int | None = None) -> int:
+def cta_bytes(d: int, warps: int, stages: int, pseg: int | None = None, kinds: int | None = None) -> int:
     """Shared memory of one CTA, dynamic + static."""
-    return smem_bytes(d, warps, stages, pseg=pseg) + static_bytes(d, warps, stages, pseg)
+    return smem_bytes(d, warps, stages, pseg=pseg, kinds=kinds) + static_bytes(d, warps, stages, pseg, kinds)
 
 
-def threads_of(d: int, warps: int, pseg: int | None = None) -> int:
-    return 32 * warps * (1 + producers_per_consumer(d, pseg))
+def threads_of(d: int, warps: int, pseg: int | None = None, kinds: int | None = None) -> int:
+    return 32 * warps * (1 + producers_per_consumer(d, pseg, kinds))
 
 
-def default_stages(d: int, warps: int, pseg: int | None = None) -> int:
+def default_stages(d: int, warps: int, pseg: int | None = None, kinds: int | None = None) -> int:
     """The deepest compressed ring (<= 8) that leaves the most CTAs per SM (3, else 2, else 1):
     measured on the H200 (lab/cuda-decode-notebook.md, calls F2-F8) the kernel's time falls with
     the number of producer warps per SM and does not change with ring depth beyond 3 stages."""
     for ctas in (3, 2):
         for s in range(8, 2, -1):
-            if ctas * (cta_bytes(d, warps, s, pseg) + 1024) <= 228 * 1024:
+            if ctas * (cta_bytes(d, warps, s, pseg, kinds) + 1024) <= 228 * 1024:
                 return s
     for s in range(8, 1, -1):  # else one CTA per SM with the deepest ring that fits
-        if cta_bytes(d, warps, s, pseg) <= MAX_SMEM:
+        if cta_bytes(d, warps, s, pseg, kinds) <= MAX_SMEM:
             return s
     return 2
 
 
-def max_ctas_per_sm(d: int, warps: int, stages: int, group: int, pseg: int | None = None) -> int:
+def max_ctas_per_sm(d: int, warps: int, stages: int, group: int, pseg: int | None = None,
+                    kinds: int | None = None) -> int:
     """Most resident CTAs per SM that shared memory and the kernel's registers allow."""
     need = (_REGS_NEEDED if group <= 8 else _REGS_NEEDED_G16).get((d, segments_per_producer(d, pseg)), 255)
-    threads = threads_of(d, warps, pseg)
-    return max([c for c in range(1, 9) if c * (cta_bytes(d, warps, stages, pseg) + 1024) <= 228 * 1024
+    threads = threads_of(d, warps, pseg, kinds)
+    return max([c for c in range(1, 9) if c * (cta_bytes(d, warps, stages, pseg, kinds) + 1024) <= 228 * 1024
                 and 65536 // (threads * c) >= need and threads * c <= 2048] or [1])
 
 
@@ -106,6 +110,7 @@ _REGS_NEEDED = {(64, 1): 102, (128, 1): 93, (128, 2): 127, (256, 1): 152, (256, 
 _REGS_NEEDED_G16 = {(64, 1): 136, (128, 1): 160, (128, 2): 160, (256, 1): 200, (256, 2): 200}
 DEFAULT_WARPS = 2      # consumer warps (the BF16 twin's warps for bit identity)
 DEFAULT_PRODUCER_SEGMENTS = 2
+DEFAULT_PRODUCER_KINDS = 2  # kinds (K, V) per producer warp; 1 = one producer per kind
 
 
 def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, max_tokens: int,
@@ -121,11 +126,14 @@ def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, 
     pseg = config.producer_segments
     if pseg not in (None, 1, 2):
         raise ValueError(f"producer_segments must be 1 or 2, got {pseg}")
-    stages = config.num_stages or default_stages(head_dim, warps, pseg)
+    kinds = config.producer_kinds or DEFAULT_PRODUCER_KINDS
+    if kinds not in (1, 2):
+        raise ValueError(f"producer_kinds must be 1 or 2, got {config.producer_kinds}")
+    stages = config.num_stages or default_stages(head_dim, warps, pseg, kinds)
     tile = 16 * warps
-    threads = threads_of(head_dim, warps, pseg)
-    smem = smem_bytes(head_dim, warps, stages, pseg=pseg)
-    static = static_bytes(head_dim, warps, stages, pseg)
+    threads = threads_of(head_dim, warps, pseg, kinds)
+    smem = smem_bytes(head_dim, warps, stages, pseg=pseg, kinds=kinds)
+    static = static_bytes(head_dim, warps, stages, pseg, kinds)
     if smem + static > MAX_SMEM:
         raise ValueError(f"head_dim {head_dim} with {warps} warps x {stages} stages needs {smem} B of shared memory "
                          f"per CTA (at most {MAX_SMEM}): use fewer warps or stages")
@@ -136,7 +144,7 @@ def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, 
         if config.ctas_per_sm is None:
             from dataclasses import replace
 
-            config = replace(config, ctas_per_sm=max_ctas_per_sm(head_dim, warps, stages, group, pseg))
+            config = replace(config, ctas_per_sm=max_ctas_per_sm(head_dim, warps, stages, group, pseg, kinds))
         table = _REGS_NEEDED if group <= 8 else _REGS_NEEDED_G16
         need = {head_dim: table.get((head_dim, segments_per_producer(head_dim, pseg)), 255)}
         splits, per_sm = _choose_splits(batch * kv_heads, max_tokens, tile, smem + static, head_dim, device, config,
@@ -149,7 +157,7 @@ def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, 
         raise ValueError(f"{splits} splits x {group} heads do not fit the merge in shared memory")
     defines = dict(HEAD_DIM=head_dim, QUERY_GROUP=group, PAGE=block_size, WARPS=warps, STAGES=stages,
                    DEC_STAGES=2, MIN_CTAS_PER_SM=per_sm, ENTRY_CHUNKS=entry_chunks(head_dim, pseg),
-                   PROD_SEGS=segments_per_producer(head_dim, pseg))
+                   PROD_SEGS=segments_per_producer(head_dim, pseg), KIND_SPLIT=int(kinds == 1))
     return dict(defines=defines, smem=smem, splits=splits, tokens_per_split=tps, threads=threads, warps=warps)
 
 
