@@ -120,16 +120,18 @@ def test_fused_kernel_compiles_without_spills(tmp_path, monkeypatch, d, g):
     assert runtime.resource_problems(report, 65536 // (p["threads"] * p["defines"]["MIN_CTAS_PER_SM"])) == []
 
 
-@pytest.mark.parametrize("d,pseg", [(64, 1), (128, 1), (128, 2), (256, 2)])
-def test_fused_register_table_matches_ptxas(tmp_path, d, pseg):
+@pytest.mark.parametrize("d,pseg,kinds", [(64, 1, 2), (128, 1, 2), (128, 2, 2), (256, 2, 2), (64, 1, 1), (128, 2, 1),
+                                          (256, 2, 1)])
+def test_fused_register_table_matches_ptxas(tmp_path, d, pseg, kinds):
     """The planner's table of registers the kernel needs: at the most CTAs per SM the table allows
     (the tightest register cap the planner can choose), ptxas must not spill."""
     from gaac_hf.kernels.cuda import fused_attention as F
 
-    threads = F.threads_of(d, F.DEFAULT_WARPS, pseg)
-    per_sm = max(p for p in (1, 2, 3, 4) if 65536 // (threads * p) >= F._REGS_NEEDED[(d, pseg)])
+    threads = F.threads_of(d, F.DEFAULT_WARPS, pseg, kinds)
+    per_sm = max(p for p in (1, 2, 3, 4) if 65536 // (threads * p) >= F.regs_needed(d, 4, pseg, kinds))
     defines = dict(HEAD_DIM=d, QUERY_GROUP=4, PAGE=64, WARPS=F.DEFAULT_WARPS, PROD_SEGS=pseg,
-                   STAGES=F.default_stages(d, F.DEFAULT_WARPS, pseg), MIN_CTAS_PER_SM=per_sm)
+                   KIND_SPLIT=int(kinds == 1), STAGES=F.default_stages(d, F.DEFAULT_WARPS, pseg, kinds),
+                   MIN_CTAS_PER_SM=per_sm)
     out = tmp_path / "k.cubin"
     res = subprocess.run(runtime.nvcc_command(F.SOURCE, defines, "sm_90a", str(out)), capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-3000:]

@@ -98,7 +98,7 @@ def default_stages(d: int, warps: int, pseg: int | None = None, kinds: int | Non
 def max_ctas_per_sm(d: int, warps: int, stages: int, group: int, pseg: int | None = None,
                     kinds: int | None = None) -> int:
     """Most resident CTAs per SM that shared memory and the kernel's registers allow."""
-    need = (_REGS_NEEDED if group <= 8 else _REGS_NEEDED_G16).get((d, segments_per_producer(d, pseg)), 255)
+    need = regs_needed(d, group, pseg, kinds)
     threads = threads_of(d, warps, pseg, kinds)
     return max([c for c in range(1, 9) if c * (cta_bytes(d, warps, stages, pseg, kinds) + 1024) <= 228 * 1024
                 and 65536 // (threads * c) >= need and threads * c <= 2048] or [1])
@@ -106,8 +106,17 @@ def max_ctas_per_sm(d: int, warps: int, stages: int, group: int, pseg: int | Non
 
 # registers per thread the kernel uses (sm_90a ptxas, 2 consumer warps); a CTAs-per-SM choice must
 # leave them (tests/test_cuda_build.py compiles at the tightest cap the table allows: no spills)
-_REGS_NEEDED = {(64, 1): 102, (128, 1): 93, (128, 2): 127, (256, 1): 152, (256, 2): 152}
-_REGS_NEEDED_G16 = {(64, 1): 136, (128, 1): 160, (128, 2): 160, (256, 1): 200, (256, 2): 200}
+# keys (head_dim, segments per producer, kinds per producer)
+_REGS_NEEDED = {(64, 1, 2): 102, (128, 1, 2): 93, (128, 2, 2): 127, (256, 1, 2): 152, (256, 2, 2): 152,
+                (64, 1, 1): 96, (128, 1, 1): 93, (128, 2, 1): 96, (256, 1, 1): 152, (256, 2, 1): 152}
+_REGS_NEEDED_G16 = {(64, 1, 2): 136, (128, 1, 2): 160, (128, 2, 2): 160, (256, 1, 2): 200, (256, 2, 2): 200,
+                    (64, 1, 1): 136, (128, 1, 1): 160, (128, 2, 1): 160, (256, 1, 1): 200, (256, 2, 1): 200}
+
+
+def regs_needed(d: int, group: int, pseg: int | None = None, kinds: int | None = None) -> int:
+    """Registers per thread the kernel needs for this shape (a CTAs-per-SM choice must leave them)."""
+    table = _REGS_NEEDED if group <= 8 else _REGS_NEEDED_G16
+    return table.get((d, segments_per_producer(d, pseg), 1 if kinds == 1 else 2), 255)
 DEFAULT_WARPS = 2      # consumer warps (the BF16 twin's warps for bit identity)
 DEFAULT_PRODUCER_SEGMENTS = 2
 DEFAULT_PRODUCER_KINDS = 2  # kinds (K, V) per producer warp; 1 = one producer per kind
@@ -145,8 +154,7 @@ def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, 
             from dataclasses import replace
 
             config = replace(config, ctas_per_sm=max_ctas_per_sm(head_dim, warps, stages, group, pseg, kinds))
-        table = _REGS_NEEDED if group <= 8 else _REGS_NEEDED_G16
-        need = {head_dim: table.get((head_dim, segments_per_producer(head_dim, pseg)), 255)}
+        need = {head_dim: regs_needed(head_dim, group, pseg, kinds)}
         splits, per_sm = _choose_splits(batch * kv_heads, max_tokens, tile, smem + static, head_dim, device, config,
                                         regs_needed=need, threads=threads)
     tps = math.ceil(math.ceil(max_tokens / splits) / tile) * tile
