@@ -1,6 +1,6 @@
-// Fused GAAC v3 split-KV GQA decode attention (q_len = 1), warp-specialised: producer warps load
-// compressed v3 tiles into registers and decode them into a shared-memory ring of BF16 rows;
-// consumer warps run exactly the BF16 kernel's attention arithmetic on those rows
+// Fused GAAC v3 split-KV GQA decode attention (q_len = 1), warp-specialised: producer warps stage
+// compressed v3 tiles in shared memory (cp.async) and decode them into a shared-memory ring of BF16
+// rows; consumer warps run exactly the BF16 kernel's attention arithmetic on those rows
 // (gaac/attend.cuh), so the output is bit-identical to decode_attention.cu's for the same WARPS and
 // split boundaries whenever the decoded values are the stored ones.
 //
@@ -8,8 +8,10 @@
 // FlashInfer's decode, and the producer/consumer split of FA3 / FlashMLA on Hopper, with mbarriers
 // between the roles). Grid (num_splits, Hkv, B); WARPS consumer warps, consumer c owns rows
 // 16c .. 16c + 15 of every TILE = 16 * WARPS rows (as the BF16 kernel's warp c does); PPC producer
-// warps per consumer (1, or 2 at d = 256), each owning at most 2 segments (1,024 values each) of that
-// consumer's 16 rows. A producer, per tile:
+// warps per consumer: the consumer's d / 64 segments (1,024 values each) in groups of PROD_SEGS, and
+// per group one producer for both kinds (KIND_SPLIT 0) or one for K and one for V (KIND_SPLIT 1, the
+// default: half the look-ups and copy issue per producer; lab/cuda-decode-notebook.md call G10).
+// A producer, per tile:
 //   copies (cp.async, STAGES - 1 tiles ahead: a decode kernel needs ~80 KB in flight per SM at the
 //     H200's loaded latency, more than registers can hold): its segments' sign/mantissa bytes and
 //     code words, the chunks of their segment-table words and of their entry list (sized from the
@@ -21,8 +23,9 @@
 //
 // Compile-time parameters (-D): HEAD_DIM (64, 128 or 256), PAGE (block size T: a power of two
 // >= 16), QUERY_GROUP (query heads per kv head), WARPS (consumer warps), STAGES (compressed ring
-// depth, >= 2), DEC_STAGES (decoded ring depth, >= 2), PROD_SEGS (segments per producer, 1 or 2), ENTRY_CHUNKS (16-byte chunks of entry list
-// staged per producer, kind and stage; longer lists are read from global memory), MIN_CTAS_PER_SM.
+// depth, >= 2), DEC_STAGES (decoded ring depth, >= 2), PROD_SEGS (segments per producer, 1 or 2),
+// KIND_SPLIT (0 or 1, above), ENTRY_CHUNKS (16-byte chunks of entry list staged per producer, kind
+// and stage; longer lists are read from global memory), MIN_CTAS_PER_SM; lab instruments PROF, PROBE.
 
 // core.cuh first: it has a constant named GROUP (8 channels), so the query-group size arrives as
 // QUERY_GROUP and becomes attend.cuh's GROUP only after it.
