@@ -283,3 +283,22 @@ def test_cpu_default_is_v2_and_the_fused_v3_kernel_says_why_not():
     reason = fused_v3.why_unavailable(torch.device("cpu"), 64, 3)
     assert reason is not None and "cpu" in reason
     assert default_format(torch.device("cpu"), 64, 3) == 2
+
+
+def test_fused_v3_fallback_is_reported_once_per_reason():
+    """A v3 layer on CUDA that the fused kernel cannot serve warns once (with the reason), not at
+    every layer or step; another reason warns again."""
+    import warnings
+    from types import SimpleNamespace
+
+    from gaac_hf.cache import fused_v3
+
+    layer = SimpleNamespace(geometry=SimpleNamespace(head_dim=96))
+    fused_v3._REPORTED.clear()
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            fused_v3.report_fallback_once(layer, "head_dim 96: the fused v3 kernel takes (64, 128, 256)")
+        fused_v3.report_fallback_once(layer, "compute capability 8.0")
+    msgs = [str(w.message) for w in got]
+    assert len(msgs) == 2 and "head_dim 96" in msgs[0] and "decode + SDPA" in msgs[0] and "8.0" in msgs[1]
