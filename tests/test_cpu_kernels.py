@@ -165,3 +165,26 @@ def test_no_compiler_warns_once_and_returns_none(monkeypatch):
         assert native.library() is None
         assert native.library() is None
     assert len(rec) == 1
+
+
+def test_pack_and_decode_keep_their_contiguous_copies_alive():
+    """BF16 blocks packed from a non-contiguous view (a multi-token append completing one block with
+    positions left over: ``seq[:, :, :T].reshape(...)`` is a strided view) keep every byte; so do
+    decodes through non-contiguous entries. The copies .contiguous() makes used to be freed before
+    the library read them."""
+    g = GeometryV3(16, 64)
+    seq = (torch.randn(3, 2, 24, 64, generator=torch.Generator().manual_seed(1)) * 300).bfloat16()
+    x = seq[:, :, :16].reshape(6, 16, 64)
+    assert not x.is_contiguous()
+    b8, b16 = torch.full((6, 64), 123, dtype=torch.uint8), torch.full((6, 64), 119, dtype=torch.uint8)
+    rows, nbytes = native.encode_v3(x.contiguous(), b8, b16, g)
+    assert bool((nbytes > g.raw_bytes).all())  # every block stored as BF16
+    pool = torch.zeros(6 * g.raw_bytes + GUARD, dtype=torch.uint8)
+    offs = torch.arange(6) * g.raw_bytes
+    for _ in range(3):  # the freed copy is reused by the allocator at once: one round shows it
+        native.pack_v3(rows, nbytes, x, offs, pool, g)
+        assert torch.equal(pool[: 6 * g.raw_bytes], x.contiguous().view(torch.uint8).reshape(-1))
+    entries = torch.stack([offs + 1, offs + 1], 1)[:, 0]  # a strided view
+    assert not entries.is_contiguous()
+    got = native.decode_v3(pool, 6 * g.raw_bytes, entries, torch.zeros(12, dtype=torch.int64)[::2], *_consts(b8[:1], b16[:1]), g)
+    same_bits(got, x.contiguous())

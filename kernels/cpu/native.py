@@ -156,8 +156,12 @@ def pack_v3(rows: torch.Tensor, nbytes: torch.Tensor, x: torch.Tensor, offs: tor
     """Copy encoded blocks (or, where ``nbytes > 2*T*D``, their BF16 bytes from ``x``) to ``pool`` (uint8
     ``[P]``) at byte offsets ``offs`` (int64 ``[N]``; the caller sized the pool)."""
     g = geometry
+    # the contiguous copy must outlive the call: a temporary inside the argument list is freed once its
+    # data_ptr() is taken, and the library then copied freed memory into the pool (BF16 blocks of a
+    # non-contiguous view lost bytes to the allocator's bookkeeping)
+    x = _check(x.contiguous(), torch.bfloat16, "x")
     library().gaac_v3_pack(g.block_size, g.head_dim, rows.shape[0], _ptr(_check(rows, torch.uint8, "rows")),
-                           _ptr(_check(nbytes, torch.int32, "nbytes")), _ptr(_check(x.contiguous(), torch.bfloat16, "x")),
+                           _ptr(_check(nbytes, torch.int32, "nbytes")), _ptr(x),
                            _ptr(_check(offs, torch.int64, "offs")), _ptr(_check(pool, torch.uint8, "pool")))
 
 
@@ -169,9 +173,9 @@ def decode_v3(pool: torch.Tensor, pool_bytes: int, entries: torch.Tensor, heads:
     g = geometry
     n = entries.shape[0]
     out = torch.empty(n, g.block_size, g.head_dim, dtype=torch.bfloat16)
+    entries, heads = (_check(t.contiguous(), torch.int64, name) for t, name in ((entries, "entries"), (heads, "heads")))
     bad = library().gaac_v3_decode(g.block_size, g.head_dim, n, _ptr(_check(pool, torch.uint8, "pool")), int(pool_bytes),
-                                   _ptr(_check(entries.contiguous(), torch.int64, "entries")),
-                                   _ptr(_check(heads.contiguous(), torch.int64, "heads")),
+                                   _ptr(entries), _ptr(heads),
                                    _ptr(_check(b8p, torch.int32, "b8p")), _ptr(_check(dbp, torch.int32, "dbp")), _ptr(out), threads())
     if bad:
         raise ValueError(f"corrupt GAAC v3 cache: block-table entry {bad - 1} (value {int(entries[bad - 1])}) is not a "
