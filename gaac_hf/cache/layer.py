@@ -136,8 +136,9 @@ class GAACLayer(CacheLayerMixin):
         table = self._device_tables.get(_local_heads(self._table, h, self.layer_idx), dev)
         cuda = dev.type == "cuda"
         if self.format_version == 3:
-            self._pools = [_BlockPoolV3(g, *table.bases(self.layer_idx, kind), dev, b * h, self.checksums)
-                           for kind in (_K, _V)]
+            b8p, dbp = self._device_tables.pair_constants(table)
+            self._pools = [_BlockPoolV3(g, *table.bases(self.layer_idx, kind), dev, b * h, self.checksums,
+                                        (b8p[self.layer_idx, kind], dbp[self.layer_idx, kind])) for kind in (_K, _V)]
         else:
             self._pools = [_BlockPool(g, *table.bases(self.layer_idx, kind), dev, self.triton_codec, b * h,
                                       self._host_slab.take(2) if cuda else None, self.checksums)

@@ -83,11 +83,12 @@ class _BlockPoolV3:
     triton = False  # the layer's v2 table-decode fast path does not apply
 
     def __init__(self, geometry: GeometryV3, base8: torch.Tensor, base16: torch.Tensor, device,
-                 step_blocks: int = 1, checksums: bool = False) -> None:
+                 step_blocks: int = 1, checksums: bool = False, consts: tuple | None = None) -> None:
         self.geometry = geometry
         self.device = torch.device(device)
         self.base8, self.base16 = base8.to(self.device), base16.to(self.device)
-        self.b8p, self.dbp = PagedTensorV3.pair_constants(self.base8, self.base16)  # int32 [H, D/2]
+        # int32 [H, D/2] pair constants; ``consts``: precomputed (a layer passes its slice of the table's)
+        self.b8p, self.dbp = consts if consts is not None else PagedTensorV3.pair_constants(self.base8, self.base16)
         self.native = self.device.type == "cpu" and native.available()
         self.cuda = _cuda_codec() if self.device.type == "cuda" else None
         self.pool = torch.zeros(GUARD, dtype=torch.uint8, device=self.device)
