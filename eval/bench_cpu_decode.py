@@ -8,7 +8,10 @@ the tiled attention calls, the cache appends (tail writes, and the encoder when 
 during decode, and the appends (encoder) during the prefill. The reported ``s_per_token`` come from
 the GAAC process afterwards: a DynamicCache filled with the GAAC cache's decoded K/V (the same bits)
 and the GAAC cache take ``steps`` decode steps alternately, so both see the same machine load (the
-2-core development machine is shared); the separate-process step times are kept as well.
+2-core development machine is shared); the separate-process step times are kept as well. The reported
+``prefill_s`` come likewise from a third process that alternates whole prefills of the two caches
+(order dynamic, gaac, gaac, dynamic, ...: ``--prefill-reps`` of each, after a short warm-up of both):
+medians, with the fastest (``prefill_s_min``), every time and the 1-minute load average before each.
 
 Writes ``eval/results/cpu_decode_smollm2.json`` (``rows``: ``context``, ``s_per_token`` {dynamic, gaac}
 (median step; ``s_per_token_min`` the fastest: the machine may be shared, so the 1-minute load
@@ -16,7 +19,7 @@ average after each run is recorded too), ``prefill_s`` {dynamic, gaac}, ``peak_r
 gaac} (bytes the cache's tensors hold after the last step; GAAC: ``stats()["allocated_bytes"]``),
 ``gaac_stages`` and ratios) and a PNG plot beside it.
 
-    python eval/bench_cpu_decode.py [--contexts 1024 4096 16384] [--steps 16] [--threads 2]
+    python eval/bench_cpu_decode.py [--contexts 1024 4096 16384] [--steps 16] [--threads 2] [--prefill-reps N]
 """
 from __future__ import annotations
 
@@ -140,6 +143,54 @@ def interleaved(model, cache, nxt, steps: int) -> dict:
             "s_per_token_min": {k: min(v) for k, v in times.items()}, "loadavg_1min_after": os.getloadavg()[0]}
 
 
+def prefill_child(context: int, reps: int, threads: int) -> dict:
+    """Whole prefills of ``context`` tokens, DynamicCache + sdpa and GAACCache + gaac alternating in this
+    one process (ABBA order, so a load that drifts costs both the same), after a warm-up of each."""
+    import torch
+    from transformers import DynamicCache
+
+    import gaac_hf
+    from gaac_hf.models import load_smollm2
+
+    torch.set_num_threads(threads)
+    model, tok = load_smollm2()
+    gaac_hf.register()
+    ids = _tokens(tok, context)
+
+    def prefill(kind: str, x) -> float:
+        if kind == "gaac":
+            model.set_attn_implementation("gaac")
+            cache = gaac_hf.GAACCache(model.config, calibration="smollm2-135m", format_version=3)
+        else:
+            model.set_attn_implementation("sdpa")
+            cache = DynamicCache(config=model.config)
+        t = time.perf_counter()
+        out = model(x, past_key_values=cache, use_cache=True)
+        dt = time.perf_counter() - t
+        del out, cache
+        return dt
+
+    times, load = {"dynamic": [], "gaac": []}, {"dynamic": [], "gaac": []}
+    with torch.no_grad():
+        for kind in ("dynamic", "gaac"):
+            prefill(kind, ids[:, : min(context, 256)])  # warm-up: allocator, library load, first-call paths
+        for i in range(reps):
+            for kind in (("dynamic", "gaac") if i % 2 == 0 else ("gaac", "dynamic")):
+                load[kind].append(os.getloadavg()[0])
+                times[kind].append(prefill(kind, ids))
+    return {"prefill_s": {k: statistics.median(v) for k, v in times.items()},
+            "prefill_s_min": {k: min(v) for k, v in times.items()}, "prefill_times_s": times,
+            "loadavg_1min_before": load, "reps": reps}
+
+
+def _run_child(args: list[str]) -> dict:
+    p = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True)
+    line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+    if p.returncode or not line:
+        raise SystemExit(f"{' '.join(args)} failed:\n{p.stderr[-3000:]}")
+    return json.loads(line[-1][7:])
+
+
 def plot(rows: list[dict], path: Path) -> None:
     plt = harness.pyplot()
     fig, ax = plt.subplots(1, 2, figsize=(10, 4))
@@ -162,34 +213,39 @@ def main() -> None:
     ap.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096, 16384])
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--prefill-reps", type=int, default=None,
+                    help="interleaved prefills of each cache (default 5, 3 from 16K tokens on)")
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--child", nargs=2, metavar=("KIND", "CONTEXT"))
     a = ap.parse_args()
     if a.child:
-        print("RESULT " + json.dumps(child(a.child[0], int(a.child[1]), a.steps, a.threads)))
+        kind, context = a.child[0], int(a.child[1])
+        res = prefill_child(context, a.prefill_reps, a.threads) if kind == "prefill" else child(kind, context, a.steps, a.threads)
+        print("RESULT " + json.dumps(res))
         return
     rows = []
     for context in a.contexts:
         got = {}
         for kind in ("dynamic", "gaac"):
-            cmd = [sys.executable, __file__, "--child", kind, str(context), "--steps", str(a.steps), "--threads", str(a.threads)]
-            p = subprocess.run(cmd, capture_output=True, text=True)
-            line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
-            if p.returncode or not line:
-                raise SystemExit(f"{kind} at {context} failed:\n{p.stderr[-3000:]}")
-            got[kind] = json.loads(line[-1][7:])
+            got[kind] = _run_child(["--child", kind, str(context), "--steps", str(a.steps), "--threads", str(a.threads)])
             print(context, kind, {k: v for k, v in got[kind].items() if k not in ("step_s", "interleaved")}, flush=True)
+        reps = a.prefill_reps or (5 if context < 16384 else 3)
+        pre = _run_child(["--child", "prefill", str(context), "--prefill-reps", str(reps), "--threads", str(a.threads)])
+        print(context, "prefill", pre["prefill_s"], pre["prefill_s_min"], flush=True)
         pair = lambda key: {k: got[k][key] for k in got}  # noqa: E731
         inter = got["gaac"].pop("interleaved")
         rows.append({"context": context, "s_per_token": inter["s_per_token"], "s_per_token_min": inter["s_per_token_min"],
                      "step_s": inter["step_s"], "separate_process_s_per_token": pair("s_per_token"),
-                     "separate_process_s_per_token_min": pair("s_per_token_min"), "prefill_s": pair("prefill_s"),
+                     "separate_process_s_per_token_min": pair("s_per_token_min"), "prefill_s": pre["prefill_s"],
+                     "prefill_s_min": pre["prefill_s_min"], "prefill_interleaved": pre,
+                     "separate_process_prefill_s": pair("prefill_s"),
                      "peak_rss_mb": pair("peak_rss_mb"), "rss_after_load_mb": pair("rss_after_load_mb"),
                      "cache_mb": pair("cache_mb"), "loadavg_1min_after": pair("loadavg_1min_after") | {"interleaved": inter["loadavg_1min_after"]},
                      "gaac_stages": got["gaac"]["stages"],
                      "decode_vs_dynamic": inter["s_per_token"]["gaac"] / inter["s_per_token"]["dynamic"],
                      "decode_min_vs_dynamic_min": inter["s_per_token_min"]["gaac"] / inter["s_per_token_min"]["dynamic"],
-                     "prefill_vs_dynamic": got["gaac"]["prefill_s"] / got["dynamic"]["prefill_s"],
+                     "prefill_vs_dynamic": pre["prefill_s"]["gaac"] / pre["prefill_s"]["dynamic"],
+                     "prefill_min_vs_dynamic_min": pre["prefill_s_min"]["gaac"] / pre["prefill_s_min"]["dynamic"],
                      "cache_vs_dynamic": got["gaac"]["cache_mb"] / got["dynamic"]["cache_mb"]})
         out = Path(a.out)
         harness.write_result(out, {"rows": rows, "threads": a.threads, "steps": a.steps, "model": "SmolLM2-135M-Instruct (bf16)",

@@ -302,3 +302,34 @@ def test_fused_v3_fallback_is_reported_once_per_reason():
         fused_v3.report_fallback_once(layer, "compute capability 8.0")
     msgs = [str(w.message) for w in got]
     assert len(msgs) == 2 and "head_dim 96" in msgs[0] and "decode + SDPA" in msgs[0] and "8.0" in msgs[1]
+
+
+def test_native_append_stores_what_encode_and_store_do(monkeypatch):
+    """The CPU library's append path (``pool_v3.store_kv_native``: both kinds in one encoder call, read
+    from the model's strided tensors) leaves pools, tables, tails and counters byte for byte as the
+    per-kind ``encode`` + ``store`` path does, through prefills, decode steps and a second chunk."""
+    import gaac_hf.cache.pool_v3 as pool_v3
+
+    gen = torch.Generator().manual_seed(5)
+    steps = [40, *[1] * 30, 50, 16, 7]
+    kv = [((torch.randn(3, 2, n, 64, generator=gen) * 3).bfloat16(),
+           (torch.randn(3, n, 2, 64, generator=gen) * 300).bfloat16().transpose(1, 2)) for n in steps]  # V as [B, S, H, D]
+    caches = []
+    for native_path in (True, False):
+        if not native_path:
+            monkeypatch.setattr(layer_mod, "store_kv_native", lambda *a: False)
+        cache = _v3_cache()
+        for k, v in kv:
+            for li in range(2):
+                cache.update(k, v, li)
+        caches.append(cache)
+    assert pool_v3.store_kv_native is not None
+    for la, lb in zip(caches[0].layers, caches[1].layers):
+        for kind in (0, 1):
+            pa, pb = la.pools[kind], lb.pools[kind]
+            assert pa.used == pb.used and torch.equal(pa.pool[: pa.used + pool_v3.GUARD], pb.pool[: pb.used + pool_v3.GUARD])
+            assert torch.equal(pa.counts, pb.counts) and (pa.n_blocks, pa.encoded_blocks) == (pb.n_blocks, pb.encoded_blocks)
+            assert torch.equal(la.tables[kind][:, :, : la.num_blocks], lb.tables[kind][:, :, : lb.num_blocks])
+            assert tc.same_bits(la.tails[kind][:, :, : la.tail_len], lb.tails[kind][:, :, : lb.tail_len])
+        assert int(la.pools[1].counts[3]) > 0  # some V blocks are stored as BF16
+    assert caches[0].stats() == caches[1].stats()

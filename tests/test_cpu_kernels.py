@@ -165,3 +165,101 @@ def test_no_compiler_warns_once_and_returns_none(monkeypatch):
         assert native.library() is None
         assert native.library() is None
     assert len(rec) == 1
+
+
+def test_pack_and_decode_keep_their_contiguous_copies_alive():
+    """BF16 blocks packed from a non-contiguous view (a multi-token append completing one block with
+    positions left over: ``seq[:, :, :T].reshape(...)`` is a strided view) keep every byte; so do
+    decodes through non-contiguous entries. The copies .contiguous() makes used to be freed before
+    the library read them."""
+    g = GeometryV3(16, 64)
+    seq = (torch.randn(3, 2, 24, 64, generator=torch.Generator().manual_seed(1)) * 300).bfloat16()
+    x = seq[:, :, :16].reshape(6, 16, 64)
+    assert not x.is_contiguous()
+    b8, b16 = torch.full((6, 64), 123, dtype=torch.uint8), torch.full((6, 64), 119, dtype=torch.uint8)
+    rows, nbytes = native.encode_v3(x.contiguous(), b8, b16, g)
+    assert bool((nbytes > g.raw_bytes).all())  # every block stored as BF16
+    pool = torch.zeros(6 * g.raw_bytes + GUARD, dtype=torch.uint8)
+    offs = torch.arange(6) * g.raw_bytes
+    for _ in range(3):  # the freed copy is reused by the allocator at once: one round shows it
+        native.pack_v3(rows, nbytes, x, offs, pool, g)
+        assert torch.equal(pool[: 6 * g.raw_bytes], x.contiguous().view(torch.uint8).reshape(-1))
+    entries = torch.stack([offs + 1, offs + 1], 1)[:, 0]  # a strided view
+    assert not entries.is_contiguous()
+    got = native.decode_v3(pool, 6 * g.raw_bytes, entries, torch.zeros(12, dtype=torch.int64)[::2], *_consts(b8[:1], b16[:1]), g)
+    same_bits(got, x.contiguous())
+
+
+@pytest.mark.parametrize("head_dim,strided", [(64, True), (128, False), (80, True)])
+def test_encode_kv_and_pack_kv_are_encode_and_store(head_dim, strided):
+    """The append path (gaac_v3_encode_kv + gaac_v3_pack_kv): K and V [B, H, S, D] read in place
+    (V strided like a model's transposed projection), per-head bases, blocks that fall back to BF16,
+    a pool that already holds bytes and a table column offset: pool bytes, entries and counters are
+    the reference encoder's and pack_blocks'."""
+    g = GeometryV3(16, head_dim)
+    b, h, nfull, extra, nb0, used0 = 2, 3, 4, 5, 2, 48
+    x, b8a, b16a = adversarial_blocks(g, seed=head_dim)
+    n = b * h * nfull
+    x = x[torch.arange(2 * n) % x.shape[0]]
+    kv = [x[kind * n : (kind + 1) * n].reshape(b, h, nfull * g.block_size, head_dim) for kind in (0, 1)]
+    kv = [torch.cat([t, t[:, :, :extra]], dim=2) for t in kv]  # positions past the blocks: not read
+    if strided:
+        kv[1] = kv[1].transpose(1, 2).contiguous().transpose(1, 2)  # [B, S, H, D] storage
+        assert not kv[1].is_contiguous()
+    gen = torch.Generator().manual_seed(head_dim)
+    bases = torch.stack([torch.stack([torch.randint(100, 130, (h, head_dim), generator=gen),
+                                      torch.randint(95, 125, (h, head_dim), generator=gen)]) for _ in (0, 1)]).to(torch.uint8)
+    bases[1, :, 0] = torch.stack([b8a[0], b16a[0]])  # one head of V with the adversarial bases: some BF16 blocks
+    rows, nbytes, stats = native.encode_kv(kv[0], kv[1], nfull, bases.contiguous(), g)
+    pools = [torch.full((used0 + int(stats[k, 0]) + GUARD,), 7, dtype=torch.uint8) for k in (0, 1)]
+    tables = [torch.full((b, h, nb0 + nfull + 1), -5, dtype=torch.int64) for _ in (0, 1)]
+    native.pack_kv(rows, nbytes, stats, pools, (used0, used0), tables, nb0, nfull, g)
+    heads = torch.arange(h).view(1, h, 1).expand(b, h, nfull).reshape(-1)
+    raw_blocks = 0
+    for kind in (0, 1):
+        blocks = kv[kind][:, :, : nfull * g.block_size].reshape(n, g.block_size, head_dim)
+        enc = encode_blocks_v3(blocks, bases[kind, 0][heads], bases[kind, 1][heads], g)
+        pool, ent = pack_blocks(enc, blocks, start=used0)
+        assert torch.equal(nbytes[kind], enc.nbytes)
+        assert torch.equal(pools[kind][used0 : used0 + pool.numel()], pool)
+        assert int(stats[kind, 0]) == pool.numel()
+        assert bool((pools[kind][:used0] == 7).all()) and bool((pools[kind][used0 + pool.numel() :] == 7).all())
+        assert torch.equal(tables[kind][:, :, nb0 : nb0 + nfull], ent.view(b, h, nfull))
+        assert bool((tables[kind][:, :, :nb0] == -5).all()) and bool((tables[kind][:, :, nb0 + nfull :] == -5).all())
+        m = enc.modes
+        assert stats[kind, 1:].tolist() == [int((m != 0).sum()), int((m == 2).sum()), int((~enc.fits).sum())]
+        raw_blocks += int((~enc.fits).sum())
+    assert raw_blocks > 0
+
+
+# (file, text, replacement): each must make test_encode_kv_and_pack_kv_are_encode_and_store fail
+KV_MUTATIONS = [
+    ("gaac_cpu.cpp", "off | (nbytes[it] > cap ? ENTRY_RAW_BIT : 0)", "off"),  # BF16 blocks lose their entry flag
+    ("gaac_cpu.cpp", "x0 + r * sr, 2 * (size_t)D)", "x0 + r * D, 2 * (size_t)D)"),  # BF16 fallback ignores strides
+    ("host_block.h", "  std::memset(&buf[ro + 4 * n_raw], 0, len - (ro + 4 * n_raw));\n", ""),  # stale padding
+    ("host_block.h", "st32(&buf[g.segtab_off + 4 * s], (uint32_t)seg_ent", "st32(&buf[g.segtab_off + 4 * s], 0u * seg_ent"),
+]
+
+
+@pytest.mark.parametrize("name,old,new", KV_MUTATIONS)
+def test_mutated_append_path_is_caught(tmp_path, monkeypatch, name, old, new):
+    files = {"gaac_cpu.cpp": native.HERE / "gaac_cpu.cpp", "host_block.h": native.CORE / "host_block.h"}
+    text = files[name].read_text()
+    assert text.count(old) == 1
+    (tmp_path / name).write_text(text.replace(old, new))
+    src = tmp_path / "gaac_cpu.cpp" if name == "gaac_cpu.cpp" else files["gaac_cpu.cpp"]
+    so = tmp_path / "variant.so"
+    subprocess.run(["g++", *native.FLAGS, f"-I{tmp_path}", f"-I{native.CORE}", "-o", str(so), str(src)], check=True,
+                   capture_output=True)
+    lib = ctypes.CDLL(str(so))
+    native._declare(lib)
+    monkeypatch.setitem(native._STATE, "lib", lib)
+    monkeypatch.setattr(native, "threads", lambda: 1)  # one scratch buffer, blocks in order: stale bytes show
+    caught = 0
+    for check in (lambda: test_encode_kv_and_pack_kv_are_encode_and_store(64, True),
+                  lambda: test_encode_decode_match_the_reference(64)):  # the encoder's bytes (same core)
+        try:
+            check()
+        except AssertionError:
+            caught += 1
+    assert caught, "a mutated append path passed both byte-for-byte checks"

@@ -17,7 +17,7 @@ from .compat import POSITIVE_CROP_IS_LENGTH
 from .host import _HOST_SLOTS_PER_LAYER, _CountsMemo, _DeferredStore, _DeviceTables, _FitnessCheck, _HostSlab
 from .pool import _BlockPool, _grow, _reserve_from, _round_up, _sync_plan, decode_tables
 from .fused_v3 import report_fallback_once, why_unavailable
-from .pool_v3 import _BlockPoolV3, default_format, geometry_v3
+from .pool_v3 import _BlockPoolV3, default_format, geometry_v3, store_kv_native
 
 _K, _V = 0, 1
 
@@ -150,8 +150,9 @@ class GAACLayer(CacheLayerMixin):
             if reason is not None and self.fused:
                 report_fallback_once(self, reason)
         if self.format_version == 3:
-            self._pools = [_BlockPoolV3(g, *table.bases(self.layer_idx, kind), dev, b * h, self.checksums)
-                           for kind in (_K, _V)]
+            b8p, dbp = self._device_tables.pair_constants(table)
+            self._pools = [_BlockPoolV3(g, *table.bases(self.layer_idx, kind), dev, b * h, self.checksums,
+                                        (b8p[self.layer_idx, kind], dbp[self.layer_idx, kind])) for kind in (_K, _V)]
         else:
             self._pools = [_BlockPool(g, *table.bases(self.layer_idx, kind), dev, self.triton_codec, b * h,
                                       self._host_slab.take(2) if cuda else None, self.checksums)
@@ -219,11 +220,18 @@ class GAACLayer(CacheLayerMixin):
             tails[_V][:, :, tl : tl + q].copy_(value_states)
             self.tail_len = tl + q
             return None
-        seqs = [torch.cat([tails[kind][:, :, :tl], new], dim=2) for kind, new in ((_K, key_states), (_V, value_states))]
+        # an empty tail (a prefill, the step after a block completed) needs no concatenation: the
+        # blocks are read from the model's tensors as they are
+        seqs = [torch.cat([tails[kind][:, :, :tl], new], dim=2) if tl else new
+                for kind, new in ((_K, key_states), (_V, value_states))]
         nfull = (tl + q) // t
         rem = tl + q - nfull * t
         self._deferred.flush()  # the pools' counters and every table must be current before this append
         self._ensure_table(self.num_blocks + nfull)
+        if self.format_version == 3 and store_kv_native(self._pools, self._tables, seqs, nb0, nfull):
+            self._fitness.observe()
+            return self._finish_append(seqs, nfull, rem)
+        seqs = [x.contiguous() for x in seqs]
         heads = self._heads.view(1, h, 1).expand(b, h, nfull).reshape(-1)
         blocks = [seq[:, :, : nfull * t].reshape(b * h * nfull, t, self.geometry.head_dim) for seq in seqs]
         encs = [p.encode(blk, heads) for p, blk in zip(self._pools, blocks)]
@@ -237,6 +245,11 @@ class GAACLayer(CacheLayerMixin):
             self._deferred.pending = (self, args)
         else:
             self._store_deferred(*args)
+        return self._finish_append(seqs, nfull, rem)
+
+    def _finish_append(self, seqs: list, nfull: int, rem: int) -> tuple[int, list[torch.Tensor]]:
+        # the last rem positions become the tail; returns what append() does
+        nb0, t = self.num_blocks, self.geometry.block_size
         self._tail_room(rem, shrink=True)
         for kind in (_K, _V):
             self.tails[kind][:, :, :rem].copy_(seqs[kind][:, :, nfull * t :])

@@ -88,11 +88,12 @@ class _BlockPoolV3:
     triton = False  # the layer's v2 table-decode fast path does not apply
 
     def __init__(self, geometry: GeometryV3, base8: torch.Tensor, base16: torch.Tensor, device,
-                 step_blocks: int = 1, checksums: bool = False) -> None:
+                 step_blocks: int = 1, checksums: bool = False, consts: tuple | None = None) -> None:
         self.geometry = geometry
         self.device = torch.device(device)
         self.base8, self.base16 = base8.to(self.device), base16.to(self.device)
-        self.b8p, self.dbp = PagedTensorV3.pair_constants(self.base8, self.base16)  # int32 [H, D/2]
+        # int32 [H, D/2] pair constants; ``consts``: precomputed (a layer passes its slice of the table's)
+        self.b8p, self.dbp = consts if consts is not None else PagedTensorV3.pair_constants(self.base8, self.base16)
         self.native = self.device.type == "cpu" and native.available()
         self.cuda = _cuda_codec() if self.device.type == "cuda" else None
         self.pool = torch.zeros(GUARD, dtype=torch.uint8, device=self.device)
@@ -124,13 +125,16 @@ class _BlockPoolV3:
         return -(-want // 4096) * 4096
 
     def _room(self, total: int) -> None:
+        """Make room for ``total`` more bytes, which the caller writes at ``used`` right away: a new
+        pool is zeroed only past them (the guard and the page's slack), not filled twice."""
         need = self.used + total + GUARD
         if need <= self.pool.numel():
             return
         page = self.page_bytes()
         cap = self.used + GUARD + -(-(need - self.used - GUARD) // page) * page
-        pool = torch.zeros(cap, dtype=torch.uint8, device=self.device)
+        pool = torch.empty(cap, dtype=torch.uint8, device=self.device)
         pool[: self.used] = self.pool[: self.used]
+        pool[self.used + total :].zero_()
         self.pool = pool
 
     # -- encode and store ------------------------------------------------------------------------
@@ -270,3 +274,34 @@ class _BlockPoolV3:
             raise ValueError("corrupt GAAC cache: " + "; ".join(problems))
         raw = int((e & ENTRY_RAW).sum())
         return {"slot_rows": int(e.numel()) - raw, "raw_rows": raw, "checksums": self.sums is not None}
+
+
+def store_kv_native(pools: list, tables: list, seqs: list, nb0: int, nfull: int) -> bool:
+    """Encode and store the first ``nfull`` blocks of every row and head of K and V (``seqs``: BF16
+    ``[B, H, S, D]``, any strides with channels contiguous) into the K and V pools and columns
+    ``nb0 ..`` of ``tables`` (int64 ``[B, H, cap]``), with two calls into the CPU library: one encoder
+    pass over every block of both kinds on the library's threads, read straight from the model's
+    tensors, then one copy of the bytes into the pools. The pool bytes, tables and counters are those
+    of ``encode`` + ``store`` (tests/test_cache_v3.py). Returns False, having done nothing, where this
+    path does not apply (no library, checksums kept, non-contiguous tables): the caller takes that one."""
+    pk, pv = pools
+    if not (pk.native and pv.native) or pk.sums is not None or pv.sums is not None:
+        return False
+    if not all(t.is_contiguous() and t.dtype == torch.int64 for t in tables):
+        return False
+    bases = getattr(pk, "_kv_bases", None)
+    if bases is None or bases[1] is not pv:
+        bases = (torch.stack([torch.stack([p.base8, p.base16]) for p in pools]).contiguous(), pv)
+        pk._kv_bases = bases  # uint8 [2 kinds, 2, H, D], built once per layer
+    rows, nbytes, stats = native.encode_kv(seqs[0], seqs[1], nfull, bases[0], pk.geometry)
+    st = stats.tolist()
+    for p, (total, _, _, _) in zip(pools, st):
+        p._room(total)
+    native.pack_kv(rows, nbytes, stats, (pk.pool, pv.pool), (pk.used, pv.used), tables, nb0, nfull, pk.geometry)
+    groups = rows.shape[1] * pk.geometry.groups
+    for p, (total, wide, raw, bf16) in zip(pools, st):
+        p.used += total
+        p.n_blocks += rows.shape[1]
+        p.encoded_blocks += rows.shape[1]
+        p.counts[:4] += torch.tensor([groups - wide, wide - raw, raw, bf16])
+    return True

@@ -133,7 +133,7 @@ const uint16_t* load_tile(const Geom& g, const Paged& p, int H, int b, int h, in
 
 extern "C" {
 
-int gaac_cpu_abi() { return 2; }
+int gaac_cpu_abi() { return 3; }
 
 // Encode N blocks x (BF16 bits [N, T, D]) with per-block bases b8/b16 (uint8 [N, D]) into rows
 // (uint8 [N, 2*T*D], zeros after each block) and nbytes (int32 [N]); the same bytes as
@@ -142,10 +142,59 @@ void gaac_v3_encode(int T, int D, int N, const uint16_t* x, const uint8_t* b8, c
                     int32_t* nbytes, int nthreads) {
   const Geom g = make_geom(T, D);
   const int cap = 2 * T * D;
-  parallel_for(N, nthreads, [&](int i, int) {
-    nbytes[i] = encode_block(g, reinterpret_cast<const uint32_t*>(x + (size_t)i * T * D), b8 + (size_t)i * D,
-                             b16 + (size_t)i * D, rows + (size_t)i * cap, cap);
+  std::vector<EncodeScratch> scratch(nthreads < 1 ? 1 : nthreads);
+  parallel_for(N, nthreads, [&](int i, int tid) {
+    const uint32_t* xb = reinterpret_cast<const uint32_t*>(x + (size_t)i * T * D);
+    int n_ent, n_raw;
+    uint8_t* row = rows + (size_t)i * cap;
+    const int len = encode_block_rows(g, [&](int r) { return xb + (size_t)r * (D / 2); }, b8 + (size_t)i * D,
+                                      b16 + (size_t)i * D, scratch[tid], row, cap, &n_ent, &n_raw);
+    if (len < cap) std::memset(row + len, 0, cap - len);
+    nbytes[i] = len;
   });
+}
+
+// The complete blocks of one append to a layer, K and V in one parallel region, read straight from
+// the model's [B, H, S, D] tensors (strides in elements, channels contiguous): block j of (b, h) is
+// rows j*T .. j*T+T-1 of src + b*sb + h*sh + row*sr. Block i = (b*H + h)*nfull + j of kind k (0 = K,
+// 1 = V) goes to rows[k*N + i] (N = B*H*nfull, 2*T*D bytes each): its encoded bytes, or its BF16 rows
+// when the encoding does not fit (stored as BF16, like gaac_hf.codec.v3.pack_blocks); nbytes[k*N + i]:
+// its encoded length (> 2*T*D: stored as BF16, 2*T*D bytes). bases: uint8 [2 kinds][2: base8, base16][H][D].
+// stats[4k ..]: stored bytes, wide groups, raw groups, BF16 blocks of kind k (the pool counters).
+void gaac_v3_encode_kv(int T, int D, int B, int H, int nfull, const uint16_t* k, long long ksb, long long ksh,
+                       long long ksr, const uint16_t* v, long long vsb, long long vsh, long long vsr, const uint8_t* bases,
+                       uint8_t* rows, int32_t* nbytes, long long* stats, int nthreads) {
+  const Geom g = make_geom(T, D);
+  const int cap = 2 * T * D, N = B * H * nfull;
+  std::vector<EncodeScratch> scratch(nthreads < 1 ? 1 : nthreads);
+  std::vector<int32_t> groups(2 * (size_t)N * 2);  // per block: wide, raw
+  parallel_for(2 * N, nthreads, [&](int it, int tid) {
+    const int kind = it / N, i = it % N, j = i % nfull, h = (i / nfull) % H, b = i / (nfull * H);
+    const uint16_t* src = kind ? v : k;
+    const long long sb = kind ? vsb : ksb, sh = kind ? vsh : ksh, sr = kind ? vsr : ksr;
+    const uint16_t* x0 = src + b * sb + h * sh + (long long)j * T * sr;
+    const uint8_t* b8 = bases + ((size_t)(2 * kind) * H + h) * D;
+    const uint8_t* b16 = bases + ((size_t)(2 * kind + 1) * H + h) * D;
+    uint8_t* row = rows + (size_t)it * cap;
+    auto row_words = [&](int r) { return reinterpret_cast<const uint32_t*>(x0 + r * sr); };
+    int n_ent, n_raw;
+    const int len = encode_block_rows(g, row_words, b8, b16, scratch[tid], row, cap, &n_ent, &n_raw);
+    if (len > cap)  // does not fit: the block's BF16 bytes instead
+      for (int r = 0; r < T; ++r) std::memcpy(row + (size_t)r * 2 * D, x0 + r * sr, 2 * (size_t)D);
+    nbytes[it] = len;
+    groups[2 * (size_t)it] = n_ent;
+    groups[2 * (size_t)it + 1] = n_raw;
+  });
+  for (int kind = 0; kind < 2; ++kind) {
+    long long* st = stats + 4 * kind;
+    st[0] = st[1] = st[2] = st[3] = 0;
+    for (int i = kind * N; i < (kind + 1) * N; ++i) {
+      st[0] += nbytes[i] > cap ? cap : nbytes[i];
+      st[1] += groups[2 * (size_t)i];
+      st[2] += groups[2 * (size_t)i + 1];
+      st[3] += nbytes[i] > cap;
+    }
+  }
 }
 
 // Place N encoded blocks in a pool: block i at offs[i], its nbytes[i] bytes from rows when they fit
@@ -156,6 +205,27 @@ void gaac_v3_pack(int T, int D, int N, const uint8_t* rows, const int32_t* nbyte
   for (int i = 0; i < N; ++i) {
     if (nbytes[i] <= cap) std::memcpy(pool + offs[i], rows + (size_t)i * cap, nbytes[i]);
     else std::memcpy(pool + offs[i], x + (size_t)i * T * D, cap);
+  }
+}
+
+// Place the blocks of gaac_v3_encode_kv in the K and V pools: kind k's N blocks back to back in
+// block order from byte used[k] of pool[k] (the caller made room for stats[4k]), and their entries
+// (offset | 1 for a BF16 block) at column nb0 + j of row (b, h) of table[k] (int64 [B, H, max_blocks[k]]).
+void gaac_v3_pack_kv(int T, int D, int B, int H, int nfull, const uint8_t* rows, const int32_t* nbytes,
+                     uint8_t* pool_k, long long used_k, int64_t* table_k, int max_blocks_k, uint8_t* pool_v,
+                     long long used_v, int64_t* table_v, int max_blocks_v, int nb0) {
+  const int cap = 2 * T * D, N = B * H * nfull;
+  for (int kind = 0; kind < 2; ++kind) {
+    uint8_t* pool = kind ? pool_v : pool_k;
+    int64_t* table = kind ? table_v : table_k;
+    const int mb = kind ? max_blocks_v : max_blocks_k;
+    long long off = kind ? used_v : used_k;
+    for (int i = 0; i < N; ++i) {
+      const int it = kind * N + i, len = nbytes[it] > cap ? cap : nbytes[it];
+      std::memcpy(pool + off, rows + (size_t)it * cap, len);
+      table[(size_t)(i / nfull) * mb + nb0 + i % nfull] = off | (nbytes[it] > cap ? ENTRY_RAW_BIT : 0);
+      off += len;
+    }
   }
 }
 

@@ -31,7 +31,7 @@ SOURCES = (HERE / "gaac_cpu.cpp", CORE / "host_block.h", CORE / "core.cuh")
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-std=c++17", "-shared", "-fPIC", "-pthread")
 #: OpenMP, when the compiler has it: the library's threads are then torch's own OpenMP pool
 OPENMP = ("-fopenmp",)
-ABI = 2
+ABI = 3
 
 _LOCK = threading.Lock()
 _STATE: dict = {}
@@ -87,6 +87,10 @@ def _declare(lib) -> None:
     lib.gaac_v3_encode.restype = None
     lib.gaac_v3_pack.argtypes = [I, I, I, P, P, P, P, P]
     lib.gaac_v3_pack.restype = None
+    lib.gaac_v3_encode_kv.argtypes = [I] * 5 + [P, L, L, L] * 2 + [P, P, P, P, I]
+    lib.gaac_v3_encode_kv.restype = None
+    lib.gaac_v3_pack_kv.argtypes = [I] * 5 + [P, P] + [P, L, P, I] * 2 + [I]
+    lib.gaac_v3_pack_kv.restype = None
     lib.gaac_v3_decode.argtypes = [I, I, I, P, L, P, P, P, P, P, I]
     lib.gaac_v3_decode.restype = L
     lib.gaac_v3_attention.argtypes = ([I] * 6 + [P] + [P, L, P, I, P, P, P] * 2 + [I, P, P, P, I, P, F, I, I, P, P])
@@ -156,9 +160,56 @@ def pack_v3(rows: torch.Tensor, nbytes: torch.Tensor, x: torch.Tensor, offs: tor
     """Copy encoded blocks (or, where ``nbytes > 2*T*D``, their BF16 bytes from ``x``) to ``pool`` (uint8
     ``[P]``) at byte offsets ``offs`` (int64 ``[N]``; the caller sized the pool)."""
     g = geometry
+    # the contiguous copy must outlive the call: a temporary inside the argument list is freed once its
+    # data_ptr() is taken, and the library then copied freed memory into the pool (BF16 blocks of a
+    # non-contiguous view lost bytes to the allocator's bookkeeping)
+    x = _check(x.contiguous(), torch.bfloat16, "x")
     library().gaac_v3_pack(g.block_size, g.head_dim, rows.shape[0], _ptr(_check(rows, torch.uint8, "rows")),
-                           _ptr(_check(nbytes, torch.int32, "nbytes")), _ptr(_check(x.contiguous(), torch.bfloat16, "x")),
+                           _ptr(_check(nbytes, torch.int32, "nbytes")), _ptr(x),
                            _ptr(_check(offs, torch.int64, "offs")), _ptr(_check(pool, torch.uint8, "pool")))
+
+
+def encode_kv(k: torch.Tensor, v: torch.Tensor, nfull: int, bases: torch.Tensor, geometry):
+    """Encode the first ``nfull`` blocks of every (row, head) of K and V BF16 ``[B, H, S, D]`` (any
+    strides with channels contiguous: no copy) with ``bases`` uint8 ``[2 kinds, 2 (base8, base16), H, D]``.
+    Returns (rows uint8 ``[2, N, 2*T*D]``, nbytes int32 ``[2, N]``, stats int64 ``[2, 4]``): N = B*H*nfull
+    blocks in (row, head, block) order; a row holds the block's encoded bytes, or its BF16 bytes where
+    ``nbytes > 2*T*D``; stats per kind: bytes the blocks take in a pool, wide groups, raw groups, BF16 blocks."""
+    g = geometry
+    b, h = k.shape[:2]
+    n = b * h * nfull
+    if k.shape != v.shape or k.shape[2] < nfull * g.block_size or k.shape[3] != g.head_dim:
+        raise ValueError(f"K {tuple(k.shape)} / V {tuple(v.shape)} do not hold {nfull} blocks of {g.block_size} x {g.head_dim}")
+    k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (k, v))
+    for x in (k, v):
+        if x.device.type != "cpu" or x.dtype != torch.bfloat16:
+            raise ValueError(f"K/V must be CPU bfloat16 tensors, got {x.device} {x.dtype}")
+    rows = torch.empty(2, n, g.raw_bytes, dtype=torch.uint8)
+    nbytes = torch.empty(2, n, dtype=torch.int32)
+    stats = torch.empty(2, 4, dtype=torch.int64)
+    library().gaac_v3_encode_kv(g.block_size, g.head_dim, b, h, nfull, _ptr(k), *k.stride()[:3], _ptr(v), *v.stride()[:3],
+                                _ptr(_check(bases, torch.uint8, "bases")), _ptr(rows), _ptr(nbytes), _ptr(stats), threads())
+    return rows, nbytes, stats
+
+
+def pack_kv(rows: torch.Tensor, nbytes: torch.Tensor, stats: torch.Tensor, pools: tuple, used: tuple, tables: tuple,
+            nb0: int, nfull: int, geometry) -> None:
+    """Place :func:`encode_kv`'s blocks: kind k's back to back from byte ``used[k]`` of ``pools[k]`` (uint8,
+    at least ``used[k] + stats[k, 0]`` bytes) and their entries (offset | 1 for BF16) into columns ``nb0 ..`` of
+    ``tables[k]`` (int64 ``[B, H, max_blocks]``)."""
+    g = geometry
+    b, h, _ = tables[0].shape
+    if rows.shape[1] != b * h * nfull:
+        raise ValueError(f"{rows.shape[1]} encoded blocks for {b} x {h} x {nfull}")
+    for pool, used_k, table, total in zip(pools, used, tables, stats[:, 0].tolist()):
+        _check(pool, torch.uint8, "pool")
+        _check(table, torch.int64, "table")
+        if table.shape[:2] != (b, h) or table.shape[2] < nb0 + nfull or pool.numel() < used_k + total:
+            raise ValueError("the pools or tables have no room for the blocks")
+    library().gaac_v3_pack_kv(g.block_size, g.head_dim, b, h, nfull, _ptr(_check(rows, torch.uint8, "rows")),
+                              _ptr(_check(nbytes, torch.int32, "nbytes")),
+                              _ptr(pools[0]), int(used[0]), _ptr(tables[0]), tables[0].shape[2],
+                              _ptr(pools[1]), int(used[1]), _ptr(tables[1]), tables[1].shape[2], int(nb0))
 
 
 def decode_v3(pool: torch.Tensor, pool_bytes: int, entries: torch.Tensor, heads: torch.Tensor, b8p: torch.Tensor,
@@ -169,9 +220,9 @@ def decode_v3(pool: torch.Tensor, pool_bytes: int, entries: torch.Tensor, heads:
     g = geometry
     n = entries.shape[0]
     out = torch.empty(n, g.block_size, g.head_dim, dtype=torch.bfloat16)
+    entries, heads = (_check(t.contiguous(), torch.int64, name) for t, name in ((entries, "entries"), (heads, "heads")))
     bad = library().gaac_v3_decode(g.block_size, g.head_dim, n, _ptr(_check(pool, torch.uint8, "pool")), int(pool_bytes),
-                                   _ptr(_check(entries.contiguous(), torch.int64, "entries")),
-                                   _ptr(_check(heads.contiguous(), torch.int64, "heads")),
+                                   _ptr(entries), _ptr(heads),
                                    _ptr(_check(b8p, torch.int32, "b8p")), _ptr(_check(dbp, torch.int32, "dbp")), _ptr(out), threads())
     if bad:
         raise ValueError(f"corrupt GAAC v3 cache: block-table entry {bad - 1} (value {int(entries[bad - 1])}) is not a "

@@ -94,20 +94,39 @@ inline void decode_block(const Geom& g, const uint8_t* blk, const uint32_t* b8p,
   }
 }
 
-// Encode one block x (BF16 pair words, row-major [T, D]) with the head's uint8 bases into row (cap
-// bytes kept; zeros after the block). Returns the block's stored length (may exceed cap: then the
-// block is stored as BF16 by the caller).
-inline int encode_block(const Geom& g, const uint32_t* x, const uint8_t* b8, const uint8_t* b16, uint8_t* row, int cap) {
-  std::vector<uint8_t> buf(2 * cap + 64 * g.chunks, 0);  // room for any block before truncation to cap
-  std::vector<uint32_t> ents, raws;
-  std::vector<int> seg_ent(g.segs + 1), seg_raw(g.segs + 1);
-  const int words_per_row = g.D / 2;
+// Buffers of encode_block_rows, kept by the caller across blocks (no allocation per block).
+struct EncodeScratch {
+  std::vector<uint8_t> buf;
+  std::vector<uint32_t> raws;
+};
+
+// Encode one block whose row r (D/2 BF16 pair words) is at row_words(r), with the head's uint8 bases,
+// into out: its first min(length, cap) bytes (nothing after them is written). Returns the block's
+// stored length (may exceed cap: then the caller stores the block as BF16); n_ent / n_raw: its wide
+// and raw group counts (the totals of its segment table). The rows come through a callable so that a
+// strided [B, H, S, D] tensor needs no copy.
+template <class RowWords>
+inline int encode_block_rows(const Geom& g, RowWords row_words, const uint8_t* b8, const uint8_t* b16, EncodeScratch& sc,
+                             uint8_t* out, int cap, int* n_ent_out, int* n_raw_out) {
+  // room for any block before truncation to cap; every byte of a block is written below (the code
+  // words and sm bytes whole, the padding after the entries and after the raw words explicitly)
+  const size_t room = 2 * (size_t)cap + 64 * g.chunks;
+  if (sc.buf.size() < room) sc.buf.resize(room);
+  uint8_t* buf = sc.buf.data();
+  sc.raws.clear();
+  int n_ent = 0, seg_ent = 0, seg_raw = 0;
   for (int c = 0; c < g.chunks; ++c) {
     const int s = c / SEG_CHUNKS, lane = c % SEG_CHUNKS, col = chunk_col(g, c), row0 = chunk_row0(g, c);
-    if (lane == 0) { seg_ent[s] = (int)ents.size(); seg_raw[s] = (int)raws.size(); }
+    if (lane == 0) {
+      seg_ent = n_ent;
+      seg_raw = (int)sc.raws.size();
+      st32(&buf[g.segtab_off + 4 * s], (uint32_t)seg_ent | ((uint32_t)seg_raw << 16));
+    }
     uint32_t xv[16];
-    for (int r = 0; r < 4; ++r)
-      for (int p = 0; p < 4; ++p) xv[4 * r + p] = x[(row0 + r) * words_per_row + 4 * col + p];
+    for (int r = 0; r < 4; ++r) {
+      const uint32_t* xr = row_words(row0 + r);
+      for (int p = 0; p < 4; ++p) xv[4 * r + p] = xr[4 * col + p];
+    }
     ChunkCode cc;
     uint32_t b8w[2], b16w[2];
     std::memcpy(b8w, b8 + 8 * col, 8);
@@ -116,21 +135,38 @@ inline int encode_block(const Geom& g, const uint32_t* x, const uint8_t* b8, con
     for (int i = 0; i < 8; ++i) st32(&buf[32 * c + 4 * i], cc.sm[i]);
     for (int k = 0; k < 3; ++k) st32(&buf[code_word_off(g, s, lane, k)], cc.w[k]);
     for (int r = 0; r < 4; ++r) {
-      if ((cc.wide >> r) & 1) ents.push_back(cc.entry[r] | (uint32_t)(4 * lane + r));
-      if ((cc.raw >> r) & 1) raws.push_back(cc.rword[r]);
+      if ((cc.wide >> r) & 1) {  // entries go straight to their place: segments are walked in order
+        const uint32_t e = cc.entry[r] | (uint32_t)(4 * lane + r);
+        buf[g.entry_off + 2 * n_ent] = e & 0xFF;
+        buf[g.entry_off + 2 * n_ent + 1] = (e >> 8) & 0xFF;
+        ++n_ent;
+      }
+      if ((cc.raw >> r) & 1) sc.raws.push_back(cc.rword[r]);
     }
   }
-  seg_ent[g.segs] = (int)ents.size();
-  seg_raw[g.segs] = (int)raws.size();
-  for (int s = 0; s <= g.segs; ++s) st32(&buf[g.segtab_off + 4 * s], (uint32_t)seg_ent[s] | ((uint32_t)seg_raw[s] << 16));
-  for (size_t i = 0; i < ents.size(); ++i) {
-    buf[g.entry_off + 2 * i] = ents[i] & 0xFF;
-    buf[g.entry_off + 2 * i + 1] = (ents[i] >> 8) & 0xFF;
-  }
-  const int ro = raw_off(g, (int)ents.size());
-  for (size_t i = 0; i < raws.size(); ++i) st32(&buf[ro + 4 * i], raws[i]);
-  std::memcpy(row, buf.data(), cap);
-  return block_bytes(g, (int)ents.size(), (int)raws.size());
+  const int n_raw = (int)sc.raws.size();
+  st32(&buf[g.segtab_off + 4 * g.segs], (uint32_t)n_ent | ((uint32_t)n_raw << 16));
+  const int ro = raw_off(g, n_ent), len = block_bytes(g, n_ent, n_raw);
+  std::memset(&buf[g.entry_off + 2 * n_ent], 0, ro - (g.entry_off + 2 * n_ent));
+  for (int i = 0; i < n_raw; ++i) st32(&buf[ro + 4 * i], sc.raws[i]);
+  std::memset(&buf[ro + 4 * n_raw], 0, len - (ro + 4 * n_raw));
+  std::memcpy(out, buf, len < cap ? len : cap);
+  *n_ent_out = n_ent;
+  *n_raw_out = n_raw;
+  return len;
+}
+
+// Encode one block x (BF16 pair words, row-major [T, D]) with the head's uint8 bases into row (cap
+// bytes kept; zeros after the block). Returns the block's stored length (may exceed cap: then the
+// block is stored as BF16 by the caller).
+inline int encode_block(const Geom& g, const uint32_t* x, const uint8_t* b8, const uint8_t* b16, uint8_t* row, int cap) {
+  EncodeScratch sc;
+  int n_ent, n_raw;
+  const int words_per_row = g.D / 2;
+  const int len = encode_block_rows(g, [&](int r) { return x + (size_t)r * words_per_row; }, b8, b16, sc, row, cap,
+                                    &n_ent, &n_raw);
+  if (len < cap) std::memset(row + len, 0, cap - len);
+  return len;
 }
 
 }  // namespace gaac_v3
