@@ -70,15 +70,6 @@ def attention(model, name: str):
 
 
 @pytest.fixture(scope="session")
-def model_tok(smollm2):
-    model, tok = smollm2
-    gaac_hf.register()
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    return model, tok
-
-
-@pytest.fixture(scope="session")
 def text_ids(model_tok, wikitext_test) -> torch.Tensor:
     """Held-out real text as token ids ``[1, N]``."""
     _, tok = model_tok
