@@ -158,3 +158,15 @@ def test_a_non_cpu_device_is_not_implemented_and_says_what_to_use():
     k = torch.zeros(1, H, 4, D, dtype=torch.bfloat16, device="meta")
     with pytest.raises(NotImplementedError, match=r"CPU only.*no CUDA codec or attention kernel for FP8 tiles.*FP8DynamicCache"):
         cache.update(k, k, 0)
+
+
+@pytest.mark.parametrize("dtype", ["fp8_e4m3", "fp8_e5m2"])
+def test_shipped_fp8_tables_load_by_name_and_fit_smollm2(dtype):
+    from transformers import AutoConfig
+
+    from gaac_hf.calibration import find_table
+    from gaac_hf.models import smollm2_dir
+
+    t = FP8Table.load(find_table(f"smollm2-135m-{dtype}"), kv_dtype=dtype)
+    t.check_model(AutoConfig.from_pretrained(smollm2_dir()))
+    assert t.meta["command"].startswith(f"gaac-calibrate --model smollm2 --kv-dtype {dtype}")
