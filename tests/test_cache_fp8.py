@@ -237,3 +237,34 @@ def test_gaac_calibrate_writes_the_same_fp8_table(model_tok, fp8_tables, wikitex
     assert torch.equal(bits(t.scales), bits(ref.scales))
     assert torch.equal(t.base_n, ref.base_n) and torch.equal(t.base_w, ref.base_w)
     assert t.meta["command"].startswith("gaac-calibrate --model smollm2 --kv-dtype fp8_e5m2")
+
+
+def test_verify_and_stats_of_an_fp8_cache():
+    gen = torch.Generator().manual_seed(4)
+    table = synthetic_table("fp8_e5m2")
+    cache = GAACCache(tiny_config(), calibration=table, kv_dtype="fp8_e5m2")
+    for li in range(L):
+        cache.update(hard_kv(gen, 3 * T + 2, 0.04), hard_kv(gen, 3 * T + 2, 0.01), li)
+    st = cache.stats()
+    assert st["kv_dtype"] == "fp8_e5m2" and st["seq_length"] == 3 * T + 2 and st["tail_tokens"] == 2
+    assert st["fp8_bytes"] == 2 * L * B * H * (3 * T + 2) * D and st["bf16_bytes"] == 2 * st["fp8_bytes"]
+    assert st["encoded_blocks"] == 2 * L * B * H * 3
+    got = cache.verify()
+    assert got["slot_rows"] + got["raw_rows"] == 2 * L * B * H * 3
+    cache.layers[1].tables[1][1, 0, 2] += 4  # an entry that is no 16-byte offset
+    with pytest.raises(ValueError, match=r"layer 1 V: corrupt GAAC FP8 cache"):
+        cache.verify()
+
+
+def test_from_dynamic_cache_keeps_an_fp8_caches_codes_and_refuses_other_scales():
+    gen = torch.Generator().manual_seed(5)
+    table = synthetic_table("fp8_e4m3")
+    base = FP8DynamicCache(tiny_config(), table)
+    for li in range(L):
+        base.update(hard_kv(gen, 2 * T + 7, 0.04), hard_kv(gen, 2 * T + 7, 0.01), li)
+    cache = GAACCache.from_dynamic_cache(base, tiny_config(), table, kv_dtype="fp8_e4m3")
+    for lg, lb in zip(cache.layers, base.layers):
+        assert torch.equal(lg.codes(0), lb.keys) and torch.equal(lg.codes(1), lb.values)
+    other = FP8Table(table.scales * 2, table.base_n, table.base_w, table.geometry, table.meta)
+    with pytest.raises(ValueError, match=r"other scales than this cache's table"):
+        GAACCache.from_dynamic_cache(base, tiny_config(), other, kv_dtype="fp8_e4m3")

@@ -194,7 +194,8 @@ class GAACCache(Cache):
 
     @classmethod
     def from_dynamic_cache(cls, cache: Cache, config, calibration=None, **kwargs) -> "GAACCache":
-        """Compress a filled transformers cache (e.g. after a prefill with another attention).
+        """Compress a filled transformers cache (e.g. after a prefill with another attention), or, with an
+        FP8 ``kv_dtype``, an :class:`~gaac_hf.cache.FP8DynamicCache` built from the same table (its codes kept).
 
         Full-attention layers are encoded into GAAC layers; the other (sliding-window, linear...)
         layer objects of ``cache`` are taken over as they are. ``kwargs`` go to the constructor.
@@ -206,8 +207,8 @@ class GAACCache(Cache):
             if not isinstance(dst, (GAACLayer, GAACFP8Layer)):
                 new.layers[i] = src
             elif getattr(src, "keys", None) is not None and src.keys.numel():
-                # BF16 K/V; an FP8 layer converts them with its table's scales (as update() does)
-                dst.append(src.keys, src.values) if isinstance(dst, GAACLayer) else dst.update(src.keys, src.values)
+                # an FP8 layer takes an FP8DynamicCache's codes as they are, and converts anything else
+                dst.append(src.keys, src.values) if isinstance(dst, GAACLayer) else dst.take_over(src)
         return new
 
     def verify(self) -> dict:
@@ -234,7 +235,9 @@ class GAACCache(Cache):
         return out
 
     def stats(self, per_layer: bool = False) -> dict:
-        """Resident KV bytes against a BF16 cache, compression ratio and mode shares.
+        """Resident KV bytes against a BF16 cache, compression ratio and mode shares. (An FP8 cache,
+        ``kv_dtype`` fp8_*, reports against the FP8 baseline instead: :func:`gaac_hf.cache.fp8.fp8_cache_stats`,
+        ``docs/CACHE.md`` "FP8 caches".)
 
         Byte counts are host-side integers; the mode and raw-row counters live on the device and
         are synced once, here. Keys:

@@ -29,6 +29,7 @@ from ..codec.fp8 import decode_pool_fp8, dequantize_fp8, encode_blocks_fp8, quan
 from ..codec.v3 import pack_blocks
 from ..format.fp8 import GeometryFP8
 from ..format.v3 import MODE_3BIT, MODE_4BIT, MODE_RAW
+from .fp8_baseline import FP8DynamicLayer
 from .layer import _BlockedLayer
 
 _K, _V = 0, 1
@@ -139,6 +140,22 @@ class GAACFP8Layer(_BlockedLayer):
         self.append_codes(quantize_fp8(key_states, self.scales[_K], self.kv_dtype, saturate=True),
                           quantize_fp8(value_states, self.scales[_V], self.kv_dtype, saturate=True))
         return tuple(dequantize_fp8(self.codes(kind), self.scales[kind], self.kv_dtype, self.out_dtype) for kind in (_K, _V))
+
+    def take_over(self, src) -> None:
+        """Store what another cache layer holds: an :class:`~gaac_hf.cache.fp8_baseline.FP8DynamicLayer`'s
+        codes as they are (same format and scales required: the codes mean nothing under others), any
+        other layer's ``keys`` / ``values`` ``[B, H, S, D]`` converted as :meth:`update` converts them."""
+        if not isinstance(src, FP8DynamicLayer):
+            self.update(src.keys, src.values)
+            return
+        same = src.kv_dtype == self.kv_dtype and all(
+            torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(src.scales, self.scales))
+        if not same:
+            raise ValueError(f"layer {self.layer_idx}: the FP8 layer holds {src.kv_dtype} codes with other scales than this "
+                             "cache's table: build the GAACCache from the table the FP8DynamicCache was built with")
+        empty = torch.zeros(*src.keys.shape[:2], 0, src.keys.shape[3], dtype=src.out_dtype, device=src.keys.device)
+        self.lazy_initialization(empty, empty)
+        self.append_codes(src.keys, src.values)
 
     def append_codes(self, key_codes: torch.Tensor, value_codes: torch.Tensor) -> None:
         """Store FP8 codes uint8 ``[B, H, q, D]``: into the tail; every block that fills is encoded once."""
