@@ -206,9 +206,12 @@ class GAACCache(Cache):
         for i, (src, dst) in enumerate(zip(cache.layers, new.layers)):
             if not isinstance(dst, (GAACLayer, GAACFP8Layer)):
                 new.layers[i] = src
-            elif getattr(src, "keys", None) is not None and src.keys.numel():
-                # an FP8 layer takes an FP8DynamicCache's codes as they are, and converts anything else
-                dst.append(src.keys, src.values) if isinstance(dst, GAACLayer) else dst.take_over(src)
+            elif getattr(src, "keys", None) is None or not src.keys.numel():
+                continue
+            elif isinstance(dst, GAACLayer):
+                dst.append(src.keys, src.values)
+            else:  # FP8: an FP8DynamicCache's codes are kept as they are, anything else is converted
+                dst.take_over(src)
         return new
 
     def verify(self) -> dict:

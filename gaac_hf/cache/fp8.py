@@ -13,7 +13,8 @@ D = head_dim:
 
 Reading: :meth:`GAACFP8Layer.codes` decodes the blocks (reference codec, bit-exact) and appends the
 tail; ``update()`` returns ``dequantize_fp8(codes)`` for K and V, ``[B, H, S, D]``, exactly what the
-baseline returns. Any attention function works (the registered ``gaac`` attention sees ordinary
+baseline returns, with the codes stored by earlier steps decoded from the pool and this step's own
+codes taken from its input (as :class:`~gaac_hf.cache.GAACLayer` does: a prefill decodes nothing). Any attention function works (the registered ``gaac`` attention sees ordinary
 tensors and runs SDPA). There is no attention over compressed FP8 tiles yet and no CUDA codec for them:
 on a CUDA device the layer raises NotImplementedError rather than run an untested path.
 
@@ -137,9 +138,14 @@ class GAACFP8Layer(_BlockedLayer):
         """Append ``[B, H, q, D]`` K/V (converted to FP8); return the dequantized cache, ``[B, H, S, D]`` each."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        self.append_codes(quantize_fp8(key_states, self.scales[_K], self.kv_dtype, saturate=True),
-                          quantize_fp8(value_states, self.scales[_V], self.kv_dtype, saturate=True))
-        return tuple(dequantize_fp8(self.codes(kind), self.scales[kind], self.kv_dtype, self.out_dtype) for kind in (_K, _V))
+        new = (quantize_fp8(key_states, self.scales[_K], self.kv_dtype, saturate=True),
+               quantize_fp8(value_states, self.scales[_V], self.kv_dtype, saturate=True))
+        # what was stored before this step, decoded, then this step's codes as they are: the blocks this
+        # append encodes are not decoded right back (same bits, the codec is lossless; a prefill decodes nothing)
+        before = [self.codes(kind) for kind in (_K, _V)]
+        self.append_codes(*new)
+        return tuple(dequantize_fp8(torch.cat([before[kind], new[kind]], dim=2), self.scales[kind], self.kv_dtype,
+                                    self.out_dtype) for kind in (_K, _V))
 
     def take_over(self, src) -> None:
         """Store what another cache layer holds: an :class:`~gaac_hf.cache.fp8_baseline.FP8DynamicLayer`'s
