@@ -16,6 +16,12 @@ Writes ``eval/results/parity_<model>.json``::
 
     python eval/parity.py --model smollm2 --calibration calibration_data/smollm2-135m.safetensors \\
         --limit 100 --chunking-baseline
+
+FP8 (``--kv-dtype fp8_e4m3`` or ``fp8_e5m2``, ``--calibration`` an FP8 table): the baseline is the FP8 cache
+without GAAC (``FP8DynamicCache``, same scales, chunked prefill), compared with ``GAACCache(kv_dtype=...)``;
+per-task keys say ``fp8`` where a BF16 run says ``bf16``. Writes ``eval/results/parity_fp8_<model>.json``::
+
+    python eval/parity.py --model smollm2 --kv-dtype fp8_e4m3 --calibration smollm2-135m-fp8_e4m3 --limit 50
 """
 from __future__ import annotations
 
@@ -192,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=0,
                    help="torch CPU threads (0 = torch's default); 1 is much faster on a shared, oversubscribed CPU")
     p.add_argument("--out", default=None, help="JSON path (default eval/results/parity_<model>.json)")
+    p.add_argument("--kv-dtype", default="bf16", choices=("bf16", "fp8_e4m3", "fp8_e5m2"),
+                   help="the cache's K/V dtype; FP8 compares FP8DynamicCache with an FP8 GAACCache (FP8 table needed)")
     p.add_argument("--tag", default=None, help="report tasks as '<task>@<tag>' (a second run of a task with other settings)")
     args = p.parse_args(argv)
 
@@ -208,17 +216,22 @@ def main(argv: list[str] | None = None) -> int:
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     task_limits = parse_task_limits(args.task_limit)
     model_tag = Path(args.model).name.lower() if Path(args.model).is_dir() else args.model.lower()
-    out = Path(args.out) if args.out else REPO / "eval" / "results" / f"parity_{model_tag}.json"
+    fp8 = args.kv_dtype != "bf16"
+    base = "fp8" if fp8 else "bf16"  # the baseline's name in the report's keys
+    out = Path(args.out) if args.out else REPO / "eval" / "results" / f"parity_{'fp8_' if fp8 else ''}{model_tag}.json"
     gen_kwargs = f"max_gen_toks={args.max_gen_toks}" if args.max_gen_toks else None
 
     common = dict(pretrained=args.model, max_length=args.max_length, device=args.device, batch_size=1,
-                  softmax_dtype="float32", block_size=args.block_size, prefill_chunk=args.prefill_chunk)
+                  softmax_dtype="float32", block_size=args.block_size, prefill_chunk=args.prefill_chunk,
+                  kv_dtype=args.kv_dtype)
     # fused=False: GAAC's reference attention (decode + the stock SDPA) also on CUDA, where the fused
     # decode kernel would otherwise run for q_len == 1 (equal to SDPA only within bf16 tolerance).
     tm = TaskManager(include_path=str(TASKS_DIR))
     t0 = time.time()
-    bf16 = GAACLM(gaac=False, **common)
+    bf16 = GAACLM(gaac=False, **common, **({"calibration": args.calibration} if fp8 else {}))
     gaac = GAACLM(gaac=True, calibration=args.calibration, fused=False, **common)
+    if args.chunking_baseline and fp8:
+        raise SystemExit("--chunking-baseline compares BF16 runs; leave it out with --kv-dtype")
     plain = GAACLM(gaac=False, chunked=False, **common) if args.chunking_baseline else None
 
     report_tasks, all_identical = {}, True
@@ -236,8 +249,12 @@ def main(argv: list[str] | None = None) -> int:
                          "block_size": args.block_size or gaac._calibration.geometry.block_size,
                          "calibration": _rel(args.calibration), "softmax_dtype": "float32", "batch_size": 1,
                          "max_gen_toks": args.max_gen_toks, "device": args.device, "threads": args.threads or None,
-                         "bf16": "gaac=false: DynamicCache + sdpa, chunked prefill",
-                         "gaac": "gaac=true: GAACCache + gaac attention (reference path), chunked prefill"},
+                         "kv_dtype": args.kv_dtype,
+                         base: ("gaac=false: DynamicCache + sdpa, chunked prefill" if not fp8 else
+                                f"gaac=false: FP8DynamicCache ({args.kv_dtype}, the table's static scales) + sdpa, chunked prefill"),
+                         "gaac": ("gaac=true: GAACCache + gaac attention (reference path), chunked prefill" if not fp8 else
+                                  f"gaac=true: GAACCache(kv_dtype={args.kv_dtype}) + gaac attention (reads the dequantized "
+                                  "cache: SDPA), chunked prefill")},
             "versions": _versions(),
             "seconds_total": round(time.time() - t0, 1),
         }
@@ -260,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         entry = {
             "n": cmp["n"],
             "identical": identical,
-            "score_bf16": m_bf.get(metric),
+            f"score_{base}": m_bf.get(metric),
             "score_gaac": m_ga.get(metric),
             "metric": metric,
             "output_type": otype,
@@ -268,9 +285,9 @@ def main(argv: list[str] | None = None) -> int:
             "n_different": cmp["n_different"],
             "different_doc_ids": cmp["different_doc_ids"],
             "max_abs_diff": cmp["max_abs_diff"],
-            "metrics_bf16": m_bf,
+            f"metrics_{base}": m_bf,
             "metrics_gaac": m_ga,
-            "seconds_bf16": round(sec_bf, 1),
+            f"seconds_{base}": round(sec_bf, 1),
             "seconds_gaac": round(sec_ga, 1),
             "gaac_cache_calls": gaac.gaac_calls - calls0,
         }
@@ -287,21 +304,25 @@ def main(argv: list[str] | None = None) -> int:
         all_identical &= identical
         report(complete=False)  # partial results survive an interrupted long run
         flag = "IDENTICAL" if identical else f"DIFFERENT ({cmp['n_different']} samples, max |d| {cmp['max_abs_diff']:.3g})"
-        print(f"[parity] {task}: n={cmp['n']} {metric} bf16={entry['score_bf16']} gaac={entry['score_gaac']} {flag} "
+        print(f"[parity] {task}: n={cmp['n']} {metric} {base}={entry[f'score_{base}']} gaac={entry['score_gaac']} {flag} "
               f"({sec_bf:.0f}s / {sec_ga:.0f}s)", flush=True)
 
     report(complete=True)
     print(f"[parity] wrote {out}; all_identical={all_identical}", flush=True)
     if not all_identical:
-        print("[parity] FAIL: BF16 and GAAC outputs differ", file=sys.stderr)
+        print(f"[parity] FAIL: {base.upper()} and GAAC outputs differ", file=sys.stderr)
         return 1
     return 0
 
 
 def summarize_stats(stats: list[dict]) -> dict:
     """What the GAAC caches of one task held at the end of each call, summed over calls."""
-    keys = ("encoded_blocks", "stored_blocks", "raw_fallback_blocks", "resident_bytes", "bf16_bytes", "seq_length")
+    keys = ("encoded_blocks", "stored_blocks", "raw_fallback_blocks", "resident_bytes", "bf16_bytes", "fp8_bytes", "seq_length")
     tot = {k: int(sum(s.get(k, 0) for s in stats)) for k in keys}
+    if not tot["fp8_bytes"]:
+        del tot["fp8_bytes"]
+    else:
+        tot["ratio_vs_fp8"] = tot["fp8_bytes"] / tot["resident_bytes"] if tot["resident_bytes"] else None
     tot["calls"] = len(stats)
     tot["calls_with_encoded_blocks"] = sum(1 for s in stats if s.get("encoded_blocks", 0) > 0)
     tot["ratio"] = tot["bf16_bytes"] / tot["resident_bytes"] if tot["resident_bytes"] else None

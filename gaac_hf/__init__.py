@@ -7,7 +7,7 @@ __all__ = ["FORMAT_VERSION", "BlockGeometry", "encode_blocks", "decode_blocks", 
 
 # The transformers integration is imported on first use, so `import gaac_hf` stays light and never
 # patches transformers: registration happens only in gaac_hf.register().
-_LAZY = {"GAACCache": "cache", "GAACLayer": "cache", "register": "cache", "unregister": "cache"}
+_LAZY = {"GAACCache": "cache", "GAACLayer": "cache", "FP8DynamicCache": "cache", "register": "cache", "unregister": "cache"}
 __all__ += list(_LAZY)
 
 

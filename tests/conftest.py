@@ -23,6 +23,18 @@ def smollm2():
     return load_smollm2()
 
 
+@pytest.fixture(scope="session")
+def model_tok(smollm2):
+    """SmolLM2 with the GAAC attention registered (``gaac_hf.register()``) and a pad token."""
+    import gaac_hf
+
+    model, tok = smollm2
+    gaac_hf.register()
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return model, tok
+
+
 def real_text(split: str, raw: bool) -> str:
     """WikiText-2 from the places gaac_hf.data searches in order, or skip with the one reason it gives."""
     from gaac_hf.data import DataNotFound, wikitext

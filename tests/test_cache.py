@@ -70,15 +70,6 @@ def attention(model, name: str):
 
 
 @pytest.fixture(scope="session")
-def model_tok(smollm2):
-    model, tok = smollm2
-    gaac_hf.register()
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    return model, tok
-
-
-@pytest.fixture(scope="session")
 def text_ids(model_tok, wikitext_test) -> torch.Tensor:
     """Held-out real text as token ids ``[1, N]``."""
     _, tok = model_tok
@@ -504,7 +495,7 @@ def test_shipped_table_by_repo_relative_path(model_tok, text_ids, tmp_path, monk
     assert cache.geometry.block_size == 64
     by_name = GAACCache(model.config, calibration="smollm2-135m")  # the shipped name, as the README writes it
     assert torch.equal(by_name.table.base8, cache.table.base8) and torch.equal(by_name.table.base16, cache.table.base16)
-    with pytest.raises(FileNotFoundError, match="shipped: 'smollm2-135m'"):
+    with pytest.raises(FileNotFoundError, match="shipped: 'smollm2-135m-fp8_e4m3', 'smollm2-135m-fp8_e5m2', 'smollm2-135m'"):
         GAACCache(model.config, calibration="smollm2-1b")
     with attention(model, "gaac"), torch.no_grad():
         model(text_ids[:, 8000:8140], past_key_values=cache, logits_to_keep=1)

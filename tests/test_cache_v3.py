@@ -29,7 +29,7 @@ from gaac_hf.kernels.reference import attention_reference
 pytestmark = pytest.mark.slow
 
 # the fixtures of tests/test_cache.py (the real model, the table, the held-out text)
-model_tok, text_ids, table = tc.model_tok, tc.text_ids, tc.table
+text_ids, table = tc.text_ids, tc.table  # model_tok: conftest
 
 
 @pytest.fixture

@@ -366,7 +366,7 @@ def test_shipped_tables_are_found_by_name_from_any_directory(tmp_path, monkeypat
     assert p.read_bytes() == SHIPPED.read_bytes()
     own = CalibrationTable.load(SHIPPED).save(tmp_path / "mine.safetensors")
     assert find_table("mine.safetensors") == Path("mine.safetensors") and find_table(str(own)) == own  # paths win
-    with pytest.raises(FileNotFoundError, match="not a shipped name; shipped: 'smollm2-135m'"):
+    with pytest.raises(FileNotFoundError, match="not a shipped name; shipped: 'smollm2-135m-fp8_e4m3', 'smollm2-135m-fp8_e5m2', 'smollm2-135m'"):
         find_table("no-such-model")
 
 

@@ -48,15 +48,27 @@ def parity():
     return _load(REPO / "eval" / "parity.py", "gaac_parity")
 
 
+def _shipped_or_made(tmp_path_factory, name: str, *args: str) -> Path:
+    """A shipped SmolLM2 table; a small one made on the spot (gaac-calibrate ``args``) if a checkout lacks it."""
+    shipped = REPO / "calibration_data" / f"{name}.safetensors"
+    if shipped.is_file():
+        return shipped
+    out = tmp_path_factory.mktemp("cal") / f"{name}.safetensors"
+    subprocess.run([sys.executable, "-m", "gaac_hf.calibration.cli", "--model", "smollm2", *args, "--out", str(out),
+                    "--quiet"], check=True)
+    return out
+
+
 @pytest.fixture(scope="module")
 def table(tmp_path_factory) -> Path:
-    """The shipped SmolLM2 table; a small one made on the spot if a checkout lacks it."""
-    if SHIPPED_TABLE.is_file():
-        return SHIPPED_TABLE
-    out = tmp_path_factory.mktemp("cal") / "smollm2-135m.safetensors"
-    subprocess.run([sys.executable, "-m", "gaac_hf.calibration.cli", "--model", "smollm2", "--context", "1024",
-                    "--max-tokens", "2048", "--stats-tokens", "2048", "--out", str(out), "--quiet"], check=True)
-    return out
+    return _shipped_or_made(tmp_path_factory, SHIPPED_TABLE.stem, "--context", "1024", "--max-tokens", "2048",
+                            "--stats-tokens", "2048")
+
+
+@pytest.fixture(scope="module")
+def fp8_table(tmp_path_factory) -> Path:
+    return _shipped_or_made(tmp_path_factory, "smollm2-135m-fp8_e4m3", "--kv-dtype", "fp8_e4m3", "--context", "512",
+                            "--max-tokens", "1024")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -201,6 +213,20 @@ def test_parity_fails_when_outputs_differ(parity, table, tmp_path, monkeypatch):
     rc = parity.main(_tiny_args(table, out, "gaac_piqa", **{"--limit": "1"}))
     rep = json.loads(out.read_text())
     assert rc == 1 and not rep["all_identical"] and rep["tasks"]["gaac_piqa"]["n_different"] == 1
+
+
+def test_parity_fp8_tiny(parity, fp8_table, tmp_path):
+    """FP8: the FP8 cache without GAAC vs GAACCache(kv_dtype=fp8_e4m3), a loglikelihood and a generation
+    task: per-sample outputs identical, encoded FP8 tiles used, report keys say fp8."""
+    out = tmp_path / "parity_fp8_smollm2.json"
+    rc = parity.main(_tiny_args(fp8_table, out, "gaac_piqa,gaac_gsm8k", **{"--limit": "1"}) + ["--kv-dtype", "fp8_e4m3"])
+    rep = json.loads(out.read_text())
+    assert rc == 0 and rep["all_identical"], rep["tasks"]
+    assert rep["settings"]["kv_dtype"] == "fp8_e4m3" and "FP8DynamicCache" in rep["settings"]["fp8"]
+    for name, t in rep["tasks"].items():
+        assert t["score_fp8"] == t["score_gaac"] and "score_bf16" not in t, name
+    g = rep["tasks"]["gaac_piqa"]["gaac_cache"]
+    assert g["encoded_blocks"] > 0 and g["fp8_bytes"] > 0 and g["ratio_vs_fp8"] > 1.0, g
 
 
 @pytest.mark.full  # CI runs gaac-lm-eval from an installed wheel in another directory (scripts/check_wheel.sh)

@@ -29,11 +29,15 @@ never drains the GPU queue inside a layer. A few syncs remain in the rare operat
 
 Modules, bottom up: :mod:`.compat` (transformers version shims), :mod:`.host` (host-sync helpers),
 :mod:`.pool` (the storage of one kind), :mod:`.attention` (the attention function and its
-registration), :mod:`.layer` (:class:`GAACLayer`), :mod:`.cache` (:class:`GAACCache`).
+registration), :mod:`.layer` (:class:`GAACLayer`), :mod:`.fp8_baseline` (:class:`FP8DynamicCache`, FP8
+without GAAC), :mod:`.fp8` (:class:`GAACFP8Layer`: ``GAACCache(..., kv_dtype="fp8_e4m3" | "fp8_e5m2")``),
+:mod:`.cache` (:class:`GAACCache`).
 """
 from .attention import gaac_attention_forward, register, registered_names, unregister, uses_gaac_attention
 from .cache import GAACCache
+from .fp8 import GAACFP8Layer
+from .fp8_baseline import FP8DynamicCache
 from .layer import GAACLayer
 
-__all__ = ["GAACCache", "GAACLayer", "gaac_attention_forward", "register", "registered_names", "unregister",
-           "uses_gaac_attention"]
+__all__ = ["FP8DynamicCache", "GAACCache", "GAACFP8Layer", "GAACLayer", "gaac_attention_forward", "register",
+           "registered_names", "unregister", "uses_gaac_attention"]

@@ -10,6 +10,7 @@ from ..calibration.shipped import find_table
 from ..calibration.table import CalibrationTable
 from ..format import MODE_3BIT, MODE_4BIT, MODE_RAW
 from .compat import layer_types_and_kwargs
+from .fp8 import GAACFP8Layer, fp8_cache_stats
 from .host import _HOST_SLOTS_PER_LAYER, _CountsMemo, _DeferredStore, _DeviceTables, _FitnessCheck, _HostSlab
 from .layer import _K, _V, GAACLayer
 from .pool_v3 import geometry_v3
@@ -18,12 +19,36 @@ from .pool_v3 import geometry_v3
 def _resolve_table(calibration) -> CalibrationTable:
     if isinstance(calibration, CalibrationTable):
         return calibration
+    dtype = getattr(calibration, "dtype", None)
+    if isinstance(dtype, str) and dtype.startswith("fp8"):  # an FP8Table given to a BF16 cache
+        raise ValueError(f"this is an FP8 calibration table ({dtype}): pass kv_dtype={dtype!r} to GAACCache for an FP8 "
+                         "cache, or a BF16 table for kv_dtype='bf16'")
     if calibration is None:
         raise ValueError(
             "GAACCache needs calibration=<a shipped table name such as 'smollm2-135m', a path to a .safetensors "
             "table, or a CalibrationTable> (make one with gaac-calibrate or gaac_hf.calibration)"
         )
     return CalibrationTable.load(find_table(calibration))
+
+
+#: the K/V dtypes a GAACCache stores: BF16 as it is, or FP8 (converted as an FP8 cache converts it, then GAAC)
+KV_DTYPES = ("bf16", "fp8_e4m3", "fp8_e5m2")
+
+
+def _resolve_fp8_table(calibration, kv_dtype: str):
+    """The :class:`~gaac_hf.calibration.fp8.FP8Table` for ``kv_dtype`` from a table object or a path."""
+    from ..calibration.fp8 import FP8Table
+
+    if isinstance(calibration, FP8Table):
+        calibration.check_dtype(kv_dtype)
+        return calibration
+    if isinstance(calibration, CalibrationTable):
+        raise ValueError(f"kv_dtype={kv_dtype!r} needs an FP8 calibration table (static scales + windows of FP8 codes), "
+                         "got a BF16 CalibrationTable: make one with gaac-calibrate --kv-dtype " + kv_dtype)
+    if calibration is None:
+        raise ValueError(f"GAACCache(kv_dtype={kv_dtype!r}) needs calibration=<an FP8Table or the path of one> "
+                         f"(make one with gaac-calibrate --kv-dtype {kv_dtype} or gaac_hf.calibration.calibrate_fp8)")
+    return FP8Table.load(find_table(calibration), kv_dtype=kv_dtype)
 
 
 def _config_of(config_or_model):
@@ -93,6 +118,14 @@ class GAACCache(Cache):
             and short chunks attend tile by tile over the compressed blocks, ``docs/CACHE.md``), or
             None: chosen per layer at the first update (``gaac_hf.cache.pool_v3.default_format``: v3 where
             the fused v3 kernel serves the layer, i.e. Hopper with the ``cuda`` extra; v2 elsewhere).
+        kv_dtype: ``"bf16"`` (default: the K/V as the model makes them, lossless) or ``"fp8_e4m3"`` /
+            ``"fp8_e5m2"``: an FP8 KV cache, ``calibration`` then an FP8 table
+            (:class:`~gaac_hf.calibration.fp8.FP8Table`, ``gaac-calibrate --kv-dtype``). K/V are converted
+            to FP8 with the table's static per-tensor scales exactly as
+            :class:`~gaac_hf.cache.fp8_baseline.FP8DynamicCache` converts them (the only approximation),
+            stored losslessly as format v3 FP8 tiles, and attention reads the dequantized values
+            (:mod:`gaac_hf.cache.fp8`): outputs are bit-identical to that baseline. CPU only for now;
+            ``fused``, ``triton_codec``, ``checksums`` and ``return_full_kv=False`` do not apply.
 
     Full-attention layers get a :class:`GAACLayer`; sliding-window, chunked, linear and dummy layers
     keep their stock transformers layer (uncompressed).
@@ -101,7 +134,13 @@ class GAACCache(Cache):
     def __init__(self, config, calibration=None, *, block_size: int | None = None,
                  return_full_kv: bool | None = None,
                  fused: bool | str = True, triton_codec: bool = True, checksums: bool = False,
-                 format_version: int | None = None) -> None:
+                 format_version: int | None = None, kv_dtype: str = "bf16") -> None:
+        if kv_dtype not in KV_DTYPES:
+            raise ValueError(f"kv_dtype must be one of {KV_DTYPES}, got {kv_dtype!r}")
+        self.kv_dtype = kv_dtype
+        if kv_dtype != "bf16":
+            self._init_fp8(config, calibration, block_size, return_full_kv, checksums, format_version)
+            return
         if fused not in (True, False, "auto"):
             raise ValueError(f'fused must be True, False or "auto", got {fused!r}')
         if format_version not in (None, 2, 3):
@@ -134,9 +173,32 @@ class GAACCache(Cache):
             raise ValueError("this model has no full-attention layers: GAACCache would compress nothing")
         super().__init__(layers=layers)
 
+    def _init_fp8(self, config, calibration, block_size, return_full_kv, checksums, format_version) -> None:
+        """Build an FP8 cache (``kv_dtype`` fp8_*): :class:`~gaac_hf.cache.fp8.GAACFP8Layer` per full-attention layer."""
+        if format_version not in (None, 3):
+            raise ValueError(f"FP8 caches store format v3 FP8 tiles; format_version={format_version!r} does not apply")
+        if checksums:
+            raise ValueError("checksums=True is not implemented for FP8 caches yet (the FP8 tiles carry none)")
+        if return_full_kv is False:
+            raise ValueError("an FP8 cache always returns the dequantized K/V (there is no attention over FP8 tiles yet): "
+                             "return_full_kv=False does not apply")
+        config, _ = _config_of(config)
+        table = _resolve_fp8_table(calibration, self.kv_dtype)
+        table.check_model(config)
+        text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+        self.table = table
+        self.geometry = dataclasses.replace(table.geometry, block_size=block_size or table.geometry.block_size)
+        types, kwargs = layer_types_and_kwargs(text)
+        layers = [GAACFP8Layer(i, table, self.geometry) if lt == "full_attention" else DYNAMIC_LAYER_TYPE_MAPPING[lt](**kw)
+                  for i, (lt, kw) in enumerate(zip(types, kwargs))]
+        if not any(isinstance(layer, GAACFP8Layer) for layer in layers):
+            raise ValueError("this model has no full-attention layers: GAACCache would compress nothing")
+        super().__init__(layers=layers)
+
     @classmethod
     def from_dynamic_cache(cls, cache: Cache, config, calibration=None, **kwargs) -> "GAACCache":
-        """Compress a filled transformers cache (e.g. after a prefill with another attention).
+        """Compress a filled transformers cache (e.g. after a prefill with another attention), or, with an
+        FP8 ``kv_dtype``, an :class:`~gaac_hf.cache.FP8DynamicCache` built from the same table (its codes kept).
 
         Full-attention layers are encoded into GAAC layers; the other (sliding-window, linear...)
         layer objects of ``cache`` are taken over as they are. ``kwargs`` go to the constructor.
@@ -145,10 +207,14 @@ class GAACCache(Cache):
         if len(cache.layers) != len(new.layers):
             raise ValueError(f"cache has {len(cache.layers)} layers, the model {len(new.layers)}")
         for i, (src, dst) in enumerate(zip(cache.layers, new.layers)):
-            if not isinstance(dst, GAACLayer):
+            if not isinstance(dst, (GAACLayer, GAACFP8Layer)):
                 new.layers[i] = src
-            elif getattr(src, "keys", None) is not None and src.keys.numel():
+            elif getattr(src, "keys", None) is None or not src.keys.numel():
+                continue
+            elif isinstance(dst, GAACLayer):
                 dst.append(src.keys, src.values)
+            else:  # FP8: an FP8DynamicCache's codes are kept as they are, anything else is converted
+                dst.take_over(src)
         return new
 
     def verify(self) -> dict:
@@ -156,6 +222,18 @@ class GAACCache(Cache):
         per-block checksums when built with ``checksums=True``. Raises ValueError naming the layer,
         K or V and the rows; returns the counts checked. Host syncs (call it between steps)."""
         out = {"slot_rows": 0, "raw_rows": 0}
+        if self.kv_dtype != "bf16":  # FP8 tiles: decoding every block checks its structure
+            for layer in self.layers:
+                if isinstance(layer, GAACFP8Layer) and layer.is_initialized:
+                    for kind, name in ((_K, "K"), (_V, "V")):
+                        try:
+                            layer.codes(kind)
+                        except ValueError as e:
+                            raise ValueError(f"layer {layer.layer_idx} {name}: {e}") from None
+                    raw = sum(p.raw_blocks for p in layer.pools)
+                    out = {"slot_rows": out["slot_rows"] + sum(p.blocks for p in layer.pools) - raw,
+                           "raw_rows": out["raw_rows"] + raw}
+            return out | {"checksums": False}
         for layer in self.layers:
             if isinstance(layer, GAACLayer):
                 got = layer.verify()
@@ -163,7 +241,9 @@ class GAACCache(Cache):
         return out
 
     def stats(self, per_layer: bool = False) -> dict:
-        """Resident KV bytes against a BF16 cache, compression ratio and mode shares.
+        """Resident KV bytes against a BF16 cache, compression ratio and mode shares. (An FP8 cache,
+        ``kv_dtype`` fp8_*, reports against the FP8 baseline instead: :func:`gaac_hf.cache.fp8.fp8_cache_stats`,
+        ``docs/CACHE.md`` "FP8 caches".)
 
         Byte counts are host-side integers; the mode and raw-row counters live on the device and
         are synced once, here. Keys:
@@ -183,6 +263,8 @@ class GAACCache(Cache):
           ``encoded_blocks`` (encoded since creation);
           ``tail_tokens``, ``seq_length`` (of the first GAAC layer).
         """
+        if self.kv_dtype != "bf16":
+            return fp8_cache_stats(self.layers)  # against the FP8 baseline (ratio_vs_fp8) and BF16 (ratio)
         gaac = [(i, layer) for i, layer in enumerate(self.layers) if isinstance(layer, GAACLayer)]
         per = [(i, layer._stats()) for i, layer in gaac]
         dev = next((c.device for _, s in per for c in s["counts"] if c.device.type != "cpu"), torch.device("cpu"))

@@ -53,16 +53,41 @@ def _query_group(config) -> int | None:
     return hq // hkv if isinstance(hq, int) and isinstance(hkv, int) and hkv else None
 
 
-class GAACLayer(CacheLayerMixin):
-    """Cache layer of one full-attention layer holding GAAC-compressed K and V.
+class _BlockedLayer(CacheLayerMixin):
+    """The transformers layer API of a layer that holds ``num_blocks`` encoded blocks of
+    ``geometry.block_size`` tokens plus a ``tail_len``-token tail (BF16 :class:`GAACLayer`, FP8
+    :class:`~gaac_hf.cache.fp8.GAACFP8Layer`); ``reset`` calls the subclass's ``_reset_state``.
 
-    Deliberately no ``_layer_type``: setting it would register this class in transformers'
+    Deliberately no ``_layer_type``: setting it would register the class in transformers'
     ``DYNAMIC_LAYER_TYPE_MAPPING`` and take over every ``DynamicCache(config=...)``.
     """
 
     is_sliding = False
     is_compileable = False
     is_croppable = True
+
+    def get_seq_length(self) -> int:
+        return self.num_blocks * self.geometry.block_size + self.tail_len if self.is_initialized else 0
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.get_seq_length() + query_length, 0
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reset(self) -> None:
+        self._reset_state()
+
+    def offload(self):  # the pools are the point of this cache; keep them where they are
+        pass
+
+    def prefetch(self):
+        pass
+
+
+class GAACLayer(_BlockedLayer):
+    """Cache layer of one full-attention layer holding GAAC-compressed K and V (no ``_layer_type``: see
+    :class:`_BlockedLayer`)."""
 
     def __init__(self, layer_idx: int, table: CalibrationTable, geometry: BlockGeometry, config,
                  return_full_kv: bool | None = None, fused: bool | str = True, triton_codec: bool = True,
@@ -296,24 +321,6 @@ class GAACLayer(CacheLayerMixin):
             self.tails = [tl[:, :, :want].clone() for tl in self.tails]  # nothing past `tokens` is kept
         else:
             self.tails = [_grow(tl, tokens, dim=2, page=self._tail_page) for tl in self.tails]
-
-    def get_seq_length(self) -> int:
-        return self.num_blocks * self.geometry.block_size + self.tail_len if self.is_initialized else 0
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.get_seq_length() + query_length, 0
-
-    def get_max_length(self) -> int:
-        return -1
-
-    def reset(self) -> None:
-        self._reset_state()
-
-    def offload(self):  # the pools are the point of this cache; keep them where they are
-        pass
-
-    def prefetch(self):
-        pass
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         """Beam search: rows follow ``beam_idx``; only integers and the tail move."""

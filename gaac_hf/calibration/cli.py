@@ -5,6 +5,11 @@ writing to a path of your own)::
 
     gaac-calibrate --model smollm2 --context 8192 --max-tokens 32768 --out my-smollm2.safetensors
 
+An FP8 KV cache (``GAACCache(..., kv_dtype="fp8_e4m3")``) needs an FP8 table (static scales + windows of the
+FP8 codes, :mod:`gaac_hf.calibration.fp8`)::
+
+    gaac-calibrate --model smollm2 --kv-dtype fp8_e4m3 --context 8192 --max-tokens 32768 --out smollm2-e4m3.safetensors
+
 Without ``--text`` / ``--dataset`` the text is WikiText-2 validation, found as :mod:`gaac_hf.data` says.
 """
 from __future__ import annotations
@@ -57,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--batch-size", type=int, default=1, help="contexts per forward")
     ap.add_argument("--full-cache", action="store_true", help="keep every token of sliding-window layers too (their windows are then calibrated on all positions)")
     ap.add_argument("--out", default=None, help="output table (default: ./<model>.safetensors; the shipped tables are never overwritten)")
+    ap.add_argument("--kv-dtype", choices=("bf16", "fp8_e4m3", "fp8_e5m2"), default="bf16",
+                    help="the KV cache's dtype: bf16 (default) or an FP8 format (writes an FP8 table: scales + windows)")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     ap.add_argument("--force", action="store_true", help="write the table even if it looks degenerate (see below)")
     return ap
@@ -71,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
 
     text, text_name = read_text(args.text, args.dataset, args.split)
     model, tok, name = load_named_model(args.model, dtype=torch.bfloat16)
+    if args.kv_dtype != "bf16":
+        return _main_fp8(model, tok, text, args, text_name, name, argv)
     try:
         table = _calibrate(calibrate, model, tok, text, args, text_name, name)
     except (ValueError, TypeError) as e:  # bad input (too little text, a non-bf16 model...): one line
@@ -103,6 +112,28 @@ def degenerate(table) -> list[str]:
     if e.get("raw_fallback_share", 0.0) > MAX_RAW_SHARE:
         out.append(f"{100 * e['raw_fallback_share']:.1f}% raw-fallback blocks > {100 * MAX_RAW_SHARE:.0f}%")
     return out
+
+
+def _main_fp8(model, tok, text, args, text_name, name, argv) -> int:
+    """``--kv-dtype fp8_*``: write an FP8 table (:func:`gaac_hf.calibration.fp8.calibrate_fp8`)."""
+    from .fp8 import calibrate_fp8
+
+    if args.group_axis != "channel" or args.full_cache:
+        raise SystemExit("gaac-calibrate: FP8 tables group along channels over each layer's cache: drop --group-axis / --full-cache")
+    try:
+        table = calibrate_fp8(model, tok, text, dtype=args.kv_dtype, context=args.context, block_size=args.block_size,
+                              max_tokens=args.max_tokens, text_name=text_name, model_name=name,
+                              batch_size=args.batch_size, progress=not args.quiet)
+    except (ValueError, TypeError) as e:
+        raise SystemExit(f"gaac-calibrate: {e}") from None
+    table.meta["command"] = "gaac-calibrate " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    out = Path(args.out) if args.out else Path(f"{name.lower()}-{args.kv_dtype}.safetensors")
+    table.save(out)
+    s = table.scales
+    print(f"model {name}: {args.kv_dtype} table, {table.meta['tokens']} tokens in {table.meta['chunks']} x {args.context}; "
+          f"scales K {float(s[:, 0].min()):.3g}..{float(s[:, 0].max()):.3g}, V {float(s[:, 1].min()):.3g}..{float(s[:, 1].max()):.3g}")
+    print(f"wrote {out}")
+    return 0
 
 
 def _calibrate(calibrate, model, tok, text, args, text_name, name):

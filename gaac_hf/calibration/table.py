@@ -18,6 +18,9 @@ import torch
 
 from ..format import FORMAT_VERSION, BlockGeometry
 
+#: safetensors metadata key of an FP8 table's header (:mod:`gaac_hf.calibration.fp8`); BF16 tables use ``gaac``
+FP8_HEADER_KEY = "gaac_fp8"
+
 
 # ---------------------------------------------------------------------------------------------
 # model description
@@ -61,6 +64,29 @@ def config_fingerprint(config) -> str:
     rope = getattr(c, "rope_parameters", None) or {"rope_theta": getattr(c, "rope_theta", None)}
     facts["rope"] = json.loads(json.dumps(rope, default=str, sort_keys=True))
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def check_fits(meta: dict, num_layers: int, head_dim: int, num_kv_heads: int, config, *, kv_heads: int | None = None,
+               what: str = "calibration table", remedy: str = "make a table for this model with gaac-calibrate") -> None:
+    """Raise ValueError unless a table (its ``meta`` header and tensor shape) was made for a model of this
+    shape: layers, head_dim, layer types, model type, kv-heads, then the config fingerprint (rope).
+    Shared by BF16 (:class:`CalibrationTable`) and FP8 (:class:`~gaac_hf.calibration.fp8.FP8Table`) tables."""
+    want = model_kv_shape(config)
+    have = dict(meta.get("kv_shape", {}))
+    # the tensors' own shape wins over the header where both say it; each field is named once
+    have |= {"num_layers": num_layers, "head_dim": head_dim}
+    heads = kv_heads if kv_heads is not None else want["num_kv_heads"]
+    problems = [_difference(key, have[key], want[key])
+                for key in ("num_layers", "head_dim", "layer_types", "model_type")
+                if key in have and have[key] != want[key]]
+    if num_kv_heads != heads:
+        problems.append(f"num_kv_heads: table {num_kv_heads} vs model {heads}")
+    fp = meta.get("fingerprint")
+    if not problems and fp is not None and kv_heads is None and fp != config_fingerprint(config):
+        problems.append(f"config fingerprint: table {fp} vs model {config_fingerprint(config)} (rope or shape differ)")
+    if problems:
+        name = meta.get("model_name", "?")
+        raise ValueError(f"{what} for {name!r} does not fit this model: " + "; ".join(problems) + f" ({remedy})")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -128,23 +154,7 @@ class CalibrationTable:
 
         kv_heads: number of kv-heads this process holds (tensor parallel), default all of them.
         """
-        want = model_kv_shape(config)
-        have = dict(self.meta.get("kv_shape", {}))
-        # the tensors' own shape wins over the header where both say it; each field is named once
-        have |= {"num_layers": self.num_layers, "head_dim": self.geometry.head_dim}
-        heads = kv_heads if kv_heads is not None else want["num_kv_heads"]
-        problems = [_difference(key, have[key], want[key])
-                    for key in ("num_layers", "head_dim", "layer_types", "model_type")
-                    if key in have and have[key] != want[key]]
-        if self.num_kv_heads != heads:
-            problems.append(f"num_kv_heads: table {self.num_kv_heads} vs model {heads}")
-        fp = self.meta.get("fingerprint")
-        if not problems and fp is not None and kv_heads is None and fp != config_fingerprint(config):
-            problems.append(f"config fingerprint: table {fp} vs model {config_fingerprint(config)} (rope or shape differ)")
-        if problems:
-            name = self.meta.get("model_name", "?")
-            raise ValueError(f"calibration table for {name!r} does not fit this model: " + "; ".join(problems)
-                             + " (make a table for this model with gaac-calibrate)")
+        check_fits(self.meta, self.num_layers, self.geometry.head_dim, self.num_kv_heads, config, kv_heads=kv_heads)
 
     # -- storage ---------------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
@@ -173,6 +183,10 @@ class CalibrationTable:
                 tensors = {k: f.get_tensor(k) for k in f.keys()}
         except Exception as e:  # safetensors raises its own error types for non-safetensors files
             raise ValueError(f"{path} is not a GAAC calibration table (safetensors): {e}") from e
+        if FP8_HEADER_KEY in md:
+            raise ValueError(f"{path} is a GAAC FP8 calibration table (windows of FP8 codes and scales), not a BF16 one: "
+                             "load it with gaac_hf.calibration.FP8Table.load, or pass it to "
+                             "GAACCache(..., kv_dtype='fp8_e4m3' | 'fp8_e5m2') as its header says")
         if "gaac" not in md or set(tensors) != {"base8", "base16"}:
             raise ValueError(f"{path} is not a GAAC calibration table (missing 'gaac' header or base tensors)")
         header = _parse_header(path, md["gaac"])

@@ -33,7 +33,7 @@ def torch_dtype(geometry: GeometryFP8) -> torch.dtype:
     return getattr(torch, TORCH_DTYPES[geometry.dtype])
 
 
-def quantize_fp8(x: torch.Tensor, scale: torch.Tensor | float, dtype: str) -> torch.Tensor:
+def quantize_fp8(x: torch.Tensor, scale: torch.Tensor | float, dtype: str, saturate: bool = False) -> torch.Tensor:
     """The BF16 -> FP8 conversion of an FP8 KV cache: ``(x.float() / scale).to(fp8)``, torch's rounding
     (to nearest even) and its handling past the largest finite value (torch 2.13 on the CPU: E4M3
     saturates to +-448, E5M2 gives +-Inf), whatever it is: the codec stores every code the same way.
@@ -43,6 +43,11 @@ def quantize_fp8(x: torch.Tensor, scale: torch.Tensor | float, dtype: str) -> to
         scale: a float32 scalar (per tensor, as transformers' ``Fp8QuantizedLayer`` and vLLM's
             ``k_scale`` / ``v_scale``) or ``[H]`` (per kv-head), broadcast over S and D.
         dtype: ``"fp8_e4m3"`` or ``"fp8_e5m2"``.
+        saturate: clamp ``x / scale`` to +-max finite first (NaN stays NaN), as vLLM's cache conversion
+            does (``__NV_SATFINITE``) and as torch's E4M3 cast already does: then E5M2 has no overflow to
+            +-Inf either, which in a live cache would turn attention into NaN for every later layer. The
+            FP8 caches (:mod:`gaac_hf.cache.fp8`, :mod:`gaac_hf.cache.fp8_baseline`) convert with it;
+            the default (False) is the plain cast the FP8 compression reports measured.
     Returns: uint8 codes, same shape.
     """
     s = torch.as_tensor(scale, dtype=torch.float32, device=x.device)
@@ -52,7 +57,30 @@ def quantize_fp8(x: torch.Tensor, scale: torch.Tensor | float, dtype: str) -> to
         s = s[:, None, None]
     elif s.dim() != 0:
         raise ValueError(f"scale must be a scalar or [H], got {tuple(s.shape)}")
-    return (x.float() / s).to(getattr(torch, TORCH_DTYPES[dtype])).view(torch.uint8)
+    fp8 = getattr(torch, TORCH_DTYPES[dtype])
+    y = x.float() / s
+    if saturate:
+        fmax = torch.finfo(fp8).max
+        y = y.clamp(-fmax, fmax)
+    return y.to(fp8).view(torch.uint8)
+
+
+def dequantize_fp8(codes: torch.Tensor, scale: torch.Tensor | float, dtype: str,
+                   out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """What attention reads from an FP8 KV cache: ``(codes.view(fp8).float() * scale).to(out_dtype)``,
+    the dequantization of transformers' ``Fp8QuantizedLayer`` (float32 product, one rounding to ``out_dtype``).
+
+    Args:
+        codes: uint8 ``[..., H, S, D]`` FP8 codes of ``dtype``.
+        scale: the float32 scalar the codes were made with (:func:`quantize_fp8`).
+    Returns: ``out_dtype`` tensor of the same shape.
+    """
+    if codes.dtype != torch.uint8:
+        raise TypeError(f"dequantize_fp8 reads uint8 FP8 codes, got {codes.dtype}")
+    s = torch.as_tensor(scale, dtype=torch.float32, device=codes.device)
+    if s.dim() != 0:
+        raise ValueError(f"dequantize_fp8 takes a per-tensor (scalar) scale, got {tuple(s.shape)}")
+    return (codes.view(getattr(torch, TORCH_DTYPES[dtype])).float() * s).to(out_dtype)
 
 
 def fp8_scale(x: torch.Tensor, dtype: str, per_head: bool = False) -> torch.Tensor:
@@ -232,6 +260,7 @@ def exponent_histogram_fp8(codes: torch.Tensor, g: GeometryFP8) -> torch.Tensor:
 
 __all__ = [
     "EncodedBlocksFP8", "MODE_3BIT", "MODE_4BIT", "MODE_RAW", "choose_windows_fp8", "decode_blocks_fp8", "decode_pool_fp8",
+    "dequantize_fp8",
     "encode_blocks_fp8", "exponent_histogram_fp8", "fp8_scale", "join_fp8", "pack_sm", "quantize_fp8", "split_fp8",
     "unpack_sm",
 ]

@@ -29,6 +29,10 @@ Model arguments on top of HFLM's (all removed before ``from_pretrained`` sees th
     where the fused Triton decode kernel is otherwise used for q_len == 1; parity runs pass false.
 ``chunked`` (bool, default true)
     false: one forward per batch (plain HFLM with ``gaac=false``), the unchunked reference.
+``kv_dtype`` (``bf16``, ``fp8_e4m3``, ``fp8_e5m2``; default ``bf16``)
+    an FP8 KV cache: ``calibration`` is then an FP8 table (``gaac-calibrate --kv-dtype``) and is needed by
+    both runs: ``gaac=true`` gives ``GAACCache(..., kv_dtype=...)``, ``gaac=false`` the FP8 cache without
+    GAAC (:class:`gaac_hf.cache.FP8DynamicCache`, same scales), the baseline of FP8 parity runs.
 
 ``pretrained=smollm2`` is shorthand for the offline SmolLM2-135M folder (:func:`gaac_hf.models.smollm2_dir`).
 The model dtype defaults to bfloat16 (GAAC compresses BF16 caches only). ``device`` defaults to CUDA
@@ -44,16 +48,16 @@ import torch
 from lm_eval.api.registry import model_registry, register_model
 from lm_eval.models.huggingface import HFLM
 
-from ...cache import GAACCache, register
-from ...calibration import CalibrationTable, find_table
+from ...cache import FP8DynamicCache, GAACCache, register
+from ...calibration import CalibrationTable, FP8Table, find_table
 from ...models import smollm2_dir
 
 log = logging.getLogger(__name__)
 
 DEFAULT_BLOCK_SIZE = 64
 BLOCKS_PER_CHUNK = 4
-_STAT_KEYS = ("encoded_blocks", "stored_blocks", "raw_fallback_blocks", "resident_bytes", "bf16_bytes", "ratio",
-              "seq_length", "tail_tokens")
+_STAT_KEYS = ("encoded_blocks", "stored_blocks", "raw_fallback_blocks", "resident_bytes", "bf16_bytes", "fp8_bytes",
+              "ratio", "seq_length", "tail_tokens")
 _SMOLLM2_ALIASES = ("smollm2", "smollm2-135m", "smollm2-135m-instruct")
 
 
@@ -118,6 +122,7 @@ class GAACLM(HFLM):
         prefill_chunk: int | None = None,
         chunked: bool | str = True,
         fused: bool | str | None = None,
+        kv_dtype: str = "bf16",
         dtype="bfloat16",
         device: str | None = None,
         **kwargs,
@@ -127,23 +132,34 @@ class GAACLM(HFLM):
         self.gaac_block_size = int(block_size) if block_size is not None else None
         self.gaac_fused = _as_bool(fused) if fused is not None else None
         self._calibration = None
+        self.calibration_path = None
+        self.kv_dtype = str(kv_dtype)
+        if self.kv_dtype not in ("bf16", "fp8_e4m3", "fp8_e5m2"):
+            raise ValueError(f"hf-gaac: kv_dtype must be bf16, fp8_e4m3 or fp8_e5m2, got {kv_dtype!r}")
         self.gaac_calls = 0  # model calls + generations that ran with a GAACCache
         self.gaac_stats: list = []  # cache.stats() summary after every call, when the cache offers it
 
         if device is None or (str(device).startswith("cuda") and not torch.cuda.is_available()):
             device = "cuda" if torch.cuda.is_available() else "cpu"
 
+        if self.kv_dtype != "bf16":  # FP8: both runs convert with the table's scales
+            if calibration is None:
+                raise ValueError(f"hf-gaac with kv_dtype={self.kv_dtype} needs calibration=<an FP8 table> (its scales serve "
+                                 f"gaac=false too); make one with gaac-calibrate --kv-dtype {self.kv_dtype}")
+            path = find_table(str(calibration))
+            self._calibration = FP8Table.load(path, kv_dtype=self.kv_dtype)
+            self.calibration_path = str(path)
         if self.gaac:
             if calibration is None:
                 raise ValueError("hf-gaac with gaac=true needs calibration=<a shipped table name or the path of the "
                                  "model's calibration table>")
-            path = find_table(str(calibration))  # a shipped name ("smollm2-135m") or a path
-            self._calibration = CalibrationTable.load(path)
-            self.calibration_path = str(path)
+            if self._calibration is None:
+                path = find_table(str(calibration))  # a shipped name ("smollm2-135m") or a path
+                self._calibration = CalibrationTable.load(path)
+                self.calibration_path = str(path)
             name = register()  # must happen before from_pretrained validates the name
             attn = name if isinstance(name, str) else "gaac"
         else:
-            self.calibration_path = None
             attn = "sdpa"
         kwargs.setdefault("attn_implementation", attn)
         if self.gaac and kwargs["attn_implementation"] != attn:
@@ -159,7 +175,7 @@ class GAACLM(HFLM):
 
         if self._calibration is not None:
             self._calibration.check_model(self.model.config)  # clear error for a table of another model
-            if self.model.dtype != torch.bfloat16:
+            if self.kv_dtype == "bf16" and self.model.dtype != torch.bfloat16:
                 raise ValueError(f"GAAC compresses bfloat16 caches; the model is {self.model.dtype} (use dtype=bfloat16)")
         self._fwd_cache_kw = _cache_kwarg(self.model.forward)
         # generate() takes the cache as **kwargs (``cache`` renamed from ``past_key_values`` in 5.24, the
@@ -168,7 +184,13 @@ class GAACLM(HFLM):
 
     # -- caches -------------------------------------------------------------------------------------
     def new_cache(self):
-        """A fresh cache for one model call or one generate: GAACCache with gaac=true, else DynamicCache."""
+        """A fresh cache for one model call or one generate: GAACCache with gaac=true, else DynamicCache
+        (FP8DynamicCache with an FP8 ``kv_dtype``)."""
+        if self.kv_dtype != "bf16":
+            if self.gaac:
+                kw = {"block_size": self.gaac_block_size} if self.gaac_block_size is not None else {}
+                return GAACCache(self.model.config, calibration=self._calibration, kv_dtype=self.kv_dtype, **kw)
+            return FP8DynamicCache(self.model.config, self._calibration)
         if self.gaac:
             kw = {}
             if self.gaac_block_size is not None:
@@ -196,8 +218,8 @@ class GAACLM(HFLM):
     def _model_call(self, inps: torch.Tensor, attn_mask=None, labels=None) -> torch.Tensor:
         if attn_mask is not None or labels is not None:  # seq2seq: not ours
             return super()._model_call(inps, attn_mask=attn_mask, labels=labels)
-        if not self.chunked and not self.gaac:
-            return super()._model_call(inps)  # plain HFLM: one forward, no cache
+        if not self.chunked and not self.gaac and self.kv_dtype == "bf16":
+            return super()._model_call(inps)  # plain HFLM: one forward, no cache (an FP8 run always has its cache)
         step = inps.shape[1] if not self.chunked else self.prefill_chunk
         cache = self.new_cache()
         logits = []
@@ -223,5 +245,5 @@ class GAACLM(HFLM):
     def get_model_info(self) -> dict:
         info = super().get_model_info()
         info.update(gaac=self.gaac, gaac_calibration=self.calibration_path, gaac_block_size=self.gaac_block_size,
-                    gaac_prefill_chunk=self.prefill_chunk, gaac_chunked=self.chunked)
+                    gaac_prefill_chunk=self.prefill_chunk, gaac_chunked=self.chunked, gaac_kv_dtype=self.kv_dtype)
         return info
