@@ -37,6 +37,16 @@ def test_readme_cites_only_result_files_that_exist():
     assert not missing, f"README cites result files that are not in eval/results/: {missing}"
 
 
+def test_every_result_records_its_commit():
+    """Provenance: every JSON result the README and docs can cite names the commit that made it."""
+    import json
+
+    files = sorted((REPO / "eval" / "results").rglob("*.json"))
+    assert files
+    missing = [str(f.relative_to(REPO)) for f in files if "commit" not in json.loads(f.read_text())]
+    assert not missing, f"results without a 'commit' field: {missing}"
+
+
 def test_ci_runs_the_readme_commands():
     ci = (REPO / ".ci" / "run").read_text()
     for cmd in re.findall(r"```bash\n(bash scripts/install\.sh|python -m pytest -q)\n```", README):
