@@ -21,10 +21,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # eval/harness.py
 import harness  # noqa: E402
 
-SHAPES = {"qwen3-8b": (32, 8, 128), "smollm2-135m": (9, 3, 64), "gemma3": (4, 1, 256)}
-SAME_SHAPE = {"llama-3.1-8b": "qwen3-8b"}
-CTX = [4096, 16384, 32768, 65536, 131072]
-BATCH = [1, 4, 16]
+SHAPES, SAME_SHAPE = harness.ATTENTION_SHAPES, harness.SAME_SHAPE
+CTX, BATCH = harness.ATTENTION_CONTEXTS, harness.ATTENTION_BATCHES
 T = 64
 
 
@@ -79,31 +77,10 @@ class Case:
         return lambda: A.bf16_decode_attention(self.q, kv, out=self.out, launch=launch)
 
     def sdpa(self, backend):
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        be = {"fa2": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
-        q4, k, v = self.q.unsqueeze(2), self.k, self.v
-
-        def f():
-            with sdpa_kernel(be):
-                return torch.nn.functional.scaled_dot_product_attention(q4, k, v, enable_gqa=True)
-
-        return f
+        return harness.sdpa_decode(backend, self.q, self.k, self.v)
 
 
-def _try(name, make, ref=None):
-    try:
-        f = make()
-        o = f()
-        torch.cuda.synchronize()
-        err = None
-        if ref is not None and o is not None:
-            o = o.reshape(ref.shape)
-            err = float((o.float() - ref.float()).norm() / ref.float().norm())
-        return timeit_graph(f), err
-    except Exception as e:  # a backend refusing a shape is recorded, not fatal
-        print(f"  {name} failed: {type(e).__name__}: {str(e)[:160]}", flush=True)
-        return None, None
+_try = harness.time_and_error
 
 
 SWEEP = [dict(num_warps=w, num_stages=s, ctas_per_sm=c, loader=ld) for ld in ("cp.async", "bulk") for w in (4, 8)

@@ -24,10 +24,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # eval/harness.py
 import harness  # noqa: E402
 
-SHAPES = {"qwen3-8b": (32, 8, 128), "smollm2-135m": (9, 3, 64), "gemma3": (4, 1, 256)}
-SAME_SHAPE = {"llama-3.1-8b": "qwen3-8b"}
-CTX = [4096, 16384, 32768, 65536, 131072]
-BATCH = [1, 4, 16]
+SHAPES, SAME_SHAPE = harness.ATTENTION_SHAPES, harness.SAME_SHAPE
+CTX, BATCH = harness.ATTENTION_CONTEXTS, harness.ATTENTION_BATCHES
 T = 64
 QUICK = [("qwen3-8b", 1, 65536), ("qwen3-8b", 1, 131072), ("qwen3-8b", 4, 65536), ("qwen3-8b", 1, 16384),
          ("qwen3-8b", 16, 32768), ("gemma3", 1, 65536), ("smollm2-135m", 1, 65536), ("qwen3-8b", 4, 16384)]
@@ -70,16 +68,7 @@ class Case:
             pk["tail_len"], config=config, out=self.out)
 
     def sdpa(self, backend):
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        be = {"fa2": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
-        q4, k, v = self.q.unsqueeze(2), self.k, self.v
-
-        def f():
-            with sdpa_kernel(be):
-                return torch.nn.functional.scaled_dot_product_attention(q4, k, v, enable_gqa=True)
-
-        return f
+        return harness.sdpa_decode(backend, self.q, self.k, self.v)
 
     def bit_identical(self, config=None) -> bool:
         """The fused output vs the twin's at the same launch (the fused planner's split count)."""
@@ -93,19 +82,7 @@ class Case:
         return bool(torch.equal(a.view(torch.int16), b.view(torch.int16)))
 
 
-def _try(name, make, ref=None):
-    try:
-        f = make()
-        o = f()
-        torch.cuda.synchronize()
-        err = None
-        if ref is not None and o is not None:
-            o = o.reshape(ref.shape)
-            err = float((o.float() - ref.float()).norm() / ref.float().norm())
-        return harness.timeit_graph(f), err
-    except Exception as e:  # a backend refusing a shape is recorded, not fatal
-        print(f"  {name} failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
-        return None, None
+_try = harness.time_and_error
 
 
 SWEEP = [dict(num_warps=w, num_stages=s, ctas_per_sm=c, producer_segments=p)

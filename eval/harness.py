@@ -188,3 +188,47 @@ def pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+# -- the decode-attention grid (eval/bench_attention_bf16.py, eval/bench_attention_v3.py) ------------
+#: (query heads, kv heads, head_dim) of the grid's model shapes
+ATTENTION_SHAPES = {"qwen3-8b": (32, 8, 128), "smollm2-135m": (9, 3, 64), "gemma3": (4, 1, 256)}
+#: shapes that run the same numbers as another (reported as aliases)
+SAME_SHAPE = {"llama-3.1-8b": "qwen3-8b"}
+ATTENTION_CONTEXTS = [4096, 16384, 32768, 65536, 131072]
+ATTENTION_BATCHES = [1, 4, 16]
+
+
+def sdpa_decode(backend: str, q, k, v):
+    """A callable running SDPA pinned to ``backend`` ("fa2" or "cudnn") for decode queries
+    ``q`` bf16 ``[B, Hq, D]`` over dense ``k`` / ``v`` ``[B, Hkv, S, D]`` (GQA)."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    be = {"fa2": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
+    q4 = q.unsqueeze(2)
+
+    def f():
+        with sdpa_kernel(be):
+            return torch.nn.functional.scaled_dot_product_attention(q4, k, v, enable_gqa=True)
+
+    return f
+
+
+def time_and_error(name: str, make, ref=None):
+    """(GPU us of ``make()``'s callable by :func:`timeit_graph`, its relative error against ``ref``), or
+    (None, None) when the backend refuses the shape (printed, not fatal)."""
+    import torch
+
+    try:
+        f = make()
+        o = f()
+        torch.cuda.synchronize()
+        err = None
+        if ref is not None and o is not None:
+            o = o.reshape(ref.shape)
+            err = float((o.float() - ref.float()).norm() / ref.float().norm())
+        return timeit_graph(f), err
+    except Exception as e:  # a backend refusing a shape is recorded, not fatal
+        print(f"  {name} failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
+        return None, None

@@ -7,22 +7,15 @@ GQA groups 1..16, block sizes 16..128), varlen and left-padded batches, forced s
 """
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch
 
+from tests.cuda_skip import skip_unless_cuda_kernels
+
 pytestmark = pytest.mark.gpu
 
-cuda_ok = torch.cuda.is_available()
-if cuda_ok:
-    from gaac_hf.kernels.cuda import runtime
-
-    reason = runtime.why_unavailable()
-else:
-    reason = "no CUDA device"
-if reason is not None:
-    pytest.skip(f"CUDA C++ path unavailable: {reason}", allow_module_level=True)
+skip_unless_cuda_kernels()
 
 from gaac_hf.kernels.reference import attention_reference  # noqa: E402
 from gaac_hf.kernels import LaunchConfig, PagedKV, PagedTensor

@@ -16,17 +16,11 @@ import pathlib
 import pytest
 import torch
 
+from tests.cuda_skip import skip_unless_cuda_kernels
+
 pytestmark = pytest.mark.gpu
 
-cuda_ok = torch.cuda.is_available()
-if cuda_ok:
-    from gaac_hf.kernels.cuda import runtime
-
-    reason = runtime.why_unavailable()
-else:
-    reason = "no CUDA device"
-if reason is not None:
-    pytest.skip(f"CUDA C++ path unavailable: {reason}", allow_module_level=True)
+skip_unless_cuda_kernels()
 
 from gaac_hf.calibration.synthetic import calibrate, synthetic_kv  # noqa: E402
 from gaac_hf.kernels import LaunchConfig  # noqa: E402
