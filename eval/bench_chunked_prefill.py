@@ -120,7 +120,7 @@ def main(argv=None):
             print(f"S={S:6d} q={L:4d}: fa2 {fmt(us['fa2'])} cudnn {fmt(us['cudnn'])} decode {fmt(us_decode)} "
                   f"dec+fa2 {fmt(us['decode_then_fa2'])} serial {fmt(us.get('fused_serial'))} "
                   f"x{row['overhead_vs_fa2'] or 0:.2f} exact={exact}", flush=True)
-        del k, v, kv, dk, dv
+        k = v = kv = dk = dv = None  # free before the next context
         torch.cuda.empty_cache()
     harness.write_result(args.out, result)
     print(f"wrote {args.out} ({len(result['rows'])} rows) in {time.time() - t0:.0f} s")
