@@ -185,17 +185,21 @@ class _BlockPoolV3:
     def gather(self, entries: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
         """Decode table entries int64 ``[N]`` (``heads`` int64 ``[N]``) -> bf16 ``[N, T, D]``, bit-exact.
         On the CPU every block's structure is checked (ValueError when corrupt)."""
+        return self.decode_from(self.pool, self.used, entries, heads)
+
+    def decode_from(self, pool: torch.Tensor, used: int, entries: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
+        """:meth:`gather` from another byte pool (uint8 ``[P]``, blocks in its first ``used`` bytes and
+        ``GUARD`` readable bytes past each block) with this pool's windows and codec."""
         g = self.geometry
         e = entries.to(torch.int64).contiguous()  # kernels read raw pointers (a table column is strided)
         if e.numel() == 0:
             return torch.empty(0, g.block_size, g.head_dim, dtype=torch.bfloat16, device=self.device)
         if self.native:
-            return native.decode_v3(self.pool, self.used, e.contiguous(), heads.to(torch.int64).contiguous(),
-                                    self.b8p, self.dbp, g)
+            return native.decode_v3(pool, used, e, heads.to(torch.int64).contiguous(), self.b8p, self.dbp, g)
         if self.cuda is not None:
-            return self.cuda.decode_pool_cuda(self.pool, e, self.base8[heads], self.base16[heads], g)
+            return self.cuda.decode_pool_cuda(pool, e, self.base8[heads], self.base16[heads], g)
         try:
-            return decode_pool_v3(self.pool[: self.used], e, self.base8[heads], self.base16[heads], g,
+            return decode_pool_v3(pool[:used], e, self.base8[heads], self.base16[heads], g,
                                   validate=self.device.type == "cpu")
         except ValueError as err:
             raise ValueError(f"corrupt GAAC cache: {err}") from None

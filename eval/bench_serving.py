@@ -1,0 +1,141 @@
+"""Equal-budget serving: transformers' continuous batching with its BF16 paged cache vs GAAC pages.
+
+    python eval/bench_serving.py --out eval/results/serving_cpu_smollm2.json                 # CPU, small
+    python eval/bench_serving.py --model qwen3-8b-random --budgets-gb 8,16 --requests 48 \\
+        --prompt-min 8192 --prompt-max 32768 --new-tokens 256 --out eval/results/serving_h200.json
+
+For each KV budget both engines get the same bytes of KV storage (``bf16_serving_config`` /
+``gaac_serving``: for GAAC the bytes pay for the compressed slots, the BF16 frames of open blocks and
+the entry table), the same page size and batch limits, and the same requests (prompts cut from
+WikiText-2 on the CPU; random token ids for the random-init 8B-shaped model). Measured per engine:
+``max_concurrent`` (most requests holding KV at one time, counted at the full-attention allocator),
+aggregate output tokens/s over the run (wall time), median time to first token, blocks in the pool,
+KV bytes per token (budget / tokens the pool holds), preemptions, and whether every request's tokens
+equal the BF16 engine's (``same_tokens``: expected whenever the two engines make the same scheduling
+decisions, which they do not have to at equal bytes).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # eval/harness.py
+import harness  # noqa: E402
+
+
+class _Concurrency:
+    """Most requests holding blocks at once, counted where every full-attention allocator allocates."""
+
+    def __init__(self):
+        from transformers.generation.continuous_batching.cache_allocators import FullAttentionCacheAllocator
+
+        self.cls, self.peak = FullAttentionCacheAllocator, 0
+        self.saved = self.cls.allocate_cache_to_request
+        meter = self
+
+        def allocate(alloc, request_id, past_length, query_length):
+            meter.saved(alloc, request_id, past_length, query_length)
+            meter.peak = max(meter.peak, len(alloc.block_table))
+
+        self.cls.allocate_cache_to_request = allocate
+
+    def close(self):
+        self.cls.allocate_cache_to_request = self.saved
+
+
+def _model(name: str, device: str):
+    if name == "smollm2":
+        from gaac_hf.models import load_smollm2
+
+        model, tok = load_smollm2()
+        return model.to(device), tok, "smollm2-135m"
+    if name in ("qwen3-8b-random", "qwen3-tiny-random"):  # the end-to-end bench's model and table
+        import bench_e2e
+
+        model = bench_e2e.build_model(torch.device(device), tiny=name == "qwen3-tiny-random")
+        return model, None, bench_e2e.calibrate_random(model, torch.device(device), tokens=512 if "tiny" in name else 4096)
+    raise ValueError(f"unknown model {name!r}")
+
+
+def _prompts(tok, n, lo, hi, vocab, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    lens = torch.randint(lo, hi + 1, (n,), generator=gen).tolist()
+    if tok is None:
+        return [torch.randint(0, vocab, (k,), generator=gen).tolist() for k in lens]
+    from gaac_hf.data import wikitext
+
+    ids = tok(wikitext("test", True)[0][:400000]).input_ids
+    starts = torch.randint(0, len(ids) - hi, (n,), generator=gen).tolist()
+    return [ids[s: s + k] for s, k in zip(starts, lens)]
+
+
+def _run(model, ids, gen, cb_config):
+    meter = _Concurrency()
+    try:
+        t0 = time.perf_counter()
+        out = model.generate_batch(inputs=ids, generation_config=gen, continuous_batching_config=cb_config,
+                                   progress_bar=False, record_timestamps=True)
+        wall = time.perf_counter() - t0
+    finally:
+        meter.close()
+    tokens = sum(len(o.generated_tokens) for o in out.values())
+    ttft = [o.timestamps[0] - o.created_time for o in out.values() if o.timestamps]
+    return out, dict(max_concurrent=meter.peak, wall_s=wall, output_tokens=tokens, tokens_per_s=tokens / wall,
+                     ttft_median_s=statistics.median(ttft) if ttft else None)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--model", default="smollm2", choices=("smollm2", "qwen3-8b-random", "qwen3-tiny-random"))
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--budgets-gb", default="0.09", help="comma-separated KV budgets in GiB")
+    ap.add_argument("--requests", type=int, default=10)
+    ap.add_argument("--prompt-min", type=int, default=300)
+    ap.add_argument("--prompt-max", type=int, default=500)
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--max-batch-tokens", type=int, default=512)
+    ap.add_argument("--max-requests", type=int, default=8)
+    args = ap.parse_args(argv)
+    from transformers import GenerationConfig
+
+    from gaac_hf.integrations.serving import bf16_serving_config, gaac_serving
+
+    model, tok, calibration = _model(args.model, args.device)
+    ids = _prompts(tok, args.requests, args.prompt_min, args.prompt_max, model.config.vocab_size)
+    gen = GenerationConfig(max_new_tokens=args.new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
+    limits = dict(max_batch_tokens=args.max_batch_tokens, max_requests_per_batch=args.max_requests)
+    result = dict(harness.provenance(argv=sys.argv), model=args.model, device=args.device, requests=args.requests,
+                  prompt_tokens=[len(x) for x in ids], new_tokens=args.new_tokens, limits=limits, rows=[])
+    for gb in (float(x) for x in args.budgets_gb.split(",")):
+        budget = int(gb * (1 << 30))
+        row = dict(budget_bytes=budget)
+        bf16_cfg = bf16_serving_config(model, budget, **limits)
+        ref, row["bf16"] = _run(model, ids, gen, bf16_cfg)
+        row["bf16"]["blocks"] = bf16_cfg.num_blocks
+        with gaac_serving(model, calibration, kv_budget_bytes=budget, **limits) as serving:
+            out, row["gaac"] = _run(model, ids, gen, serving.config)
+        st = serving.stats()
+        page = serving.config.page_size
+        row["gaac"].update(blocks=st["gaac_blocks"], preemptions=st["preemptions"], overflow_blocks=st["overflow_blocks"],
+                           open_pages=serving.open_pages, pool=st)
+        row["gaac"]["same_tokens"] = all(out[r].generated_tokens == ref[r].generated_tokens for r in ref)
+        for kind in ("bf16", "gaac"):
+            row[kind]["kv_bytes_per_token"] = budget / (row[kind]["blocks"] * page)
+        row["concurrency_gain"] = row["gaac"]["max_concurrent"] / max(row["bf16"]["max_concurrent"], 1)
+        row["throughput_gain"] = row["gaac"]["tokens_per_s"] / row["bf16"]["tokens_per_s"]
+        result["rows"].append(row)
+        print(f"budget {gb:g} GiB: blocks bf16 {row['bf16']['blocks']} gaac {row['gaac']['blocks']}; concurrent "
+              f"{row['bf16']['max_concurrent']} -> {row['gaac']['max_concurrent']}; tok/s {row['bf16']['tokens_per_s']:.1f} "
+              f"-> {row['gaac']['tokens_per_s']:.1f}; same tokens {row['gaac']['same_tokens']}", flush=True)
+    harness.write_result(args.out, result)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

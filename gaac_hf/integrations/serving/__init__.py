@@ -1,0 +1,170 @@
+"""GAAC pages in transformers' continuous batching (``model.generate_batch``, the serving engine).
+
+    from gaac_hf.integrations.serving import gaac_serving
+
+    with gaac_serving(model, calibration="smollm2-135m", kv_budget_bytes=2 << 30) as serving:
+        outputs = model.generate_batch(prompts, generation_config=gen, continuous_batching_config=serving.config)
+    serving.stats()   # bytes and blocks of the GAAC pool the engine used
+
+Inside the ``with`` block the engine's paged cache stores full-attention blocks as GAAC slots
+(:mod:`gaac_hf.cache.pages`; how it plugs in: :mod:`.engine_524`), so a KV budget holds ~1.3-1.4x the
+blocks of BF16 and the engine's own scheduler admits and preempts on that real free space. On exit the
+one patched symbol (``continuous_api.PagedAttentionCache``) is restored; nothing is patched at import.
+:func:`bf16_serving_config` gives the BF16 engine the same budget, for comparisons.
+
+The budget (``kv_budget_bytes``) pays for everything the GAAC pool holds: the compressed slots, the
+BF16 frames of open blocks (``open_pages``: a batch's new tokens are written there before they are
+compressed) and the entry table. The engine's activations and index buffers are outside it, as for
+the BF16 engine.
+
+Versions: the allocator integration is written and tested for transformers 5.24 (the 5.23 engine has
+the same structure and is accepted); other releases raise with the versions that are supported. 5.17's
+engine (per-layer flat tensors, a Python block table) needs an adapter of its own, not built yet.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from dataclasses import dataclass, field
+
+import torch
+import transformers
+from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+from ...cache.pages import TRASH_FRAMES, slot_bytes_for
+
+#: releases whose continuous-batching engine this integration is written for (major.minor)
+SUPPORTED = ("5.23", "5.24")
+#: set to 1 to try an unsupported release anyway (at your own risk: outputs are still checked by nothing)
+UNTESTED_ENV = "GAAC_SERVING_UNTESTED"
+#: defaults of the GAAC serving config where the user sets nothing (they fix the number of open frames)
+DEFAULT_PAGE_SIZE = 64  # one v3 block: the BF16 page of an open block is as small as the format allows
+DEFAULT_MAX_BATCH_TOKENS = 1024
+DEFAULT_MAX_REQUESTS = 16
+#: real SmolLM2 K/V blocks of 64 tokens take 0.703-0.706 of their BF16 bytes over all 30 layers
+#: (eval/results/serving_capacity_smollm2.json); blocks above the slot stay BF16 (overflows)
+DEFAULT_SLOT_FRACTION = 0.72
+
+
+@dataclass
+class ServingSession:
+    """What :func:`gaac_serving` yields: the engine config to pass on, and the GAAC caches the engine
+    built inside the ``with`` block (one per manager / batch processor)."""
+
+    config: ContinuousBatchingConfig
+    slot_bytes: int
+    open_pages: int
+    caches: list = field(default_factory=list)
+
+    def stats(self) -> dict:
+        """The last cache's :meth:`~.engine_524.GAACPagedAttentionCache.gaac_stats`."""
+        if not self.caches:
+            raise RuntimeError("no GAAC cache was built in this session yet (run generate_batch inside the with block)")
+        return self.caches[-1].gaac_stats()
+
+
+def check_version(version: str | None = None) -> None:
+    """Raise with the supported releases when this transformers' engine is not one of them."""
+    version = version or transformers.__version__
+    if ".".join(version.split(".")[:2]) in SUPPORTED or os.environ.get(UNTESTED_ENV) == "1":
+        return
+    raise RuntimeError(f"GAAC serving supports transformers {', '.join(SUPPORTED)} continuous batching; this is {version}. "
+                       f"Install one of those, or set {UNTESTED_ENV}=1 to try anyway (5.17's engine has a different "
+                       "cache layout that GAAC does not adapt to yet).")
+
+
+def _shape(config) -> tuple[int, int, int]:
+    """(full-attention layers, kv heads, head_dim) of a text config."""
+    from transformers.generation.continuous_batching.cache import group_layers_by_attn_type
+    from transformers.generation.continuous_batching.utils import find_head_dim, find_num_key_value_heads
+
+    groups = group_layers_by_attn_type(config)
+    return len(groups.get("full_attention", [])), find_num_key_value_heads(config), find_head_dim(config)
+
+
+def _base_config(overrides: dict) -> dict:
+    kw = dict(page_size=DEFAULT_PAGE_SIZE, max_batch_tokens=DEFAULT_MAX_BATCH_TOKENS,
+              max_requests_per_batch=DEFAULT_MAX_REQUESTS)
+    kw.update(overrides)
+    return kw
+
+
+def bf16_serving_config(model, kv_budget_bytes: int, **overrides) -> ContinuousBatchingConfig:
+    """The engine's own BF16 paged cache holding ``kv_budget_bytes`` of KV (full-attention layers),
+    with the same batch limits as :func:`gaac_serving`'s defaults: the baseline of a comparison."""
+    layers, h, d = _shape(model.config.get_text_config())
+    kw = _base_config(overrides)
+    block = layers * 2 * kw["page_size"] * h * d * 2
+    if kv_budget_bytes < block:
+        raise ValueError(f"kv_budget_bytes {kv_budget_bytes} holds no block of {block} bytes")
+    return ContinuousBatchingConfig(num_blocks=kv_budget_bytes // block, **kw)
+
+
+def _sizes(config, calibration, page: int, slot_fraction: float) -> dict:
+    """Per-block byte sizes of the GAAC pool for this model."""
+    from ...cache.cache import _resolve_table
+
+    layers, h, d = _shape(config)
+    if layers == 0:
+        raise ValueError("GAAC serving compresses full-attention layers; this model has none")
+    table = _resolve_table(calibration)
+    table.check_model(config)
+    slot = slot_bytes_for(h, d, page, slot_fraction)
+    return dict(table=table, slot_bytes=slot, bf16_block=layers * 2 * page * h * d * 2, slot_block=layers * slot,
+                entry_block=layers * 2 * h * (page // table.geometry.block_size) * 8)
+
+
+@contextlib.contextmanager
+def gaac_serving(model, calibration, *, kv_budget_bytes: int | None = None, num_blocks: int | None = None,
+                 slot_fraction: float = DEFAULT_SLOT_FRACTION, open_pages: int | None = None, **overrides):
+    """Serve ``model`` with GAAC pages inside the ``with`` block; yields a :class:`ServingSession`
+    whose ``config`` (a ContinuousBatchingConfig) goes to ``generate_batch`` / the manager.
+
+    Args:
+        model: a BF16 causal LM with ``sdpa`` attention (the engine's attention reads what the GAAC pool
+            returns, bit for bit the BF16 K/V).
+        calibration: the model's calibration table (a shipped name, a path, a CalibrationTable).
+        kv_budget_bytes: bytes of the whole GAAC pool (slots + frames + entry table); or
+        num_blocks: the number of GAAC blocks instead (e.g. the BF16 engine's, to compare schedules).
+        slot_fraction: slot size as a fraction of a page's BF16 bytes (blocks that do not fit stay BF16).
+        open_pages: BF16 frames for open blocks; default: enough for one batch of ``max_batch_tokens``
+            new tokens plus one open block per request of a batch.
+        overrides: other ContinuousBatchingConfig fields (``page_size``, ``max_batch_tokens``, ...).
+    """
+    from transformers.generation.continuous_batching import continuous_api
+
+    from .engine_524 import GAACPagedAttentionCache
+
+    check_version()
+    if getattr(model, "dtype", torch.bfloat16) != torch.bfloat16:
+        raise ValueError(f"GAAC serving stores bfloat16 K/V losslessly; this model is {model.dtype}: load it with "
+                         "dtype=torch.bfloat16")
+    for key in ("allow_block_sharing", "use_async_batching", "use_cuda_graph", "cpu_offload_space"):
+        if key in overrides:
+            raise ValueError(f"gaac_serving sets {key} itself (see gaac_hf.integrations.serving.engine_524)")
+    if (kv_budget_bytes is None) == (num_blocks is None):
+        raise ValueError("pass kv_budget_bytes (the pool's bytes) or num_blocks (its blocks), not both or neither")
+    kw = _base_config(overrides)
+    page = kw["page_size"]
+    sz = _sizes(model.config.get_text_config(), calibration, page, slot_fraction)
+    frames = open_pages or TRASH_FRAMES + kw["max_requests_per_batch"] + math.ceil(kw["max_batch_tokens"] / page)
+    if num_blocks is None:
+        room = kv_budget_bytes - frames * sz["bf16_block"]
+        num_blocks = room // (sz["slot_block"] + sz["entry_block"])
+        if num_blocks < 1:
+            raise ValueError(f"kv_budget_bytes {kv_budget_bytes} does not cover {frames} open BF16 pages "
+                             f"({frames * sz['bf16_block']} bytes) and one compressed block ({sz['slot_block']} bytes): "
+                             "raise it, or lower open_pages / max_batch_tokens / max_requests_per_batch")
+    cb_config = ContinuousBatchingConfig(num_blocks=num_blocks, allow_block_sharing=False, use_async_batching=False,
+                                         use_cuda_graph=False, cpu_offload_space=0.0, auto_switch_to_flash=False, **kw)
+    session = ServingSession(cb_config, sz["slot_bytes"], frames)
+    cls = type("GAACPagedAttentionCacheBound", (GAACPagedAttentionCache,),
+               {"_gaac": dict(table=sz["table"], slot_bytes=sz["slot_bytes"], frames=frames, num_blocks=num_blocks,
+                              session=session)})
+    saved = continuous_api.PagedAttentionCache
+    continuous_api.PagedAttentionCache = cls
+    try:
+        yield session
+    finally:
+        continuous_api.PagedAttentionCache = saved

@@ -1,0 +1,223 @@
+"""GAAC pages in transformers' continuous batching (gaac_hf/cache/pages.py, gaac_hf/integrations/serving/).
+
+The page store must return every BF16 bit it was given (real SmolLM2 K/V, all 65,536 patterns, special
+values, incompressible pages that overflow), and the engine under GAAC must produce, request by
+request, exactly the tokens of the engine's own BF16 paged cache making the same scheduling decisions
+(same block count), preemptions included.
+"""
+import pytest
+import torch
+import transformers
+
+from gaac_hf.cache.pages import TRASH_FRAMES, PageStore, slot_bytes_for
+
+SERVING = pytest.mark.skipif(".".join(transformers.__version__.split(".")[:2]) not in ("5.23", "5.24"),
+                             reason="GAAC serving adapts the 5.23/5.24 continuous-batching engine")
+
+
+@pytest.fixture(scope="module")
+def table():
+    from gaac_hf.calibration import CalibrationTable
+    from gaac_hf.calibration.shipped import find_table
+
+    return CalibrationTable.load(find_table("smollm2-135m"))
+
+
+def _bits(x):
+    return x.contiguous().view(torch.int16)
+
+
+def _real_pages(smollm2, wikitext_test, layers, pages, page):
+    """Real K and V pages [pages, P, H, D] of the given model layers (prompt from WikiText-2 test)."""
+    from transformers import DynamicCache
+
+    model, tok = smollm2
+    ids = tok(wikitext_test[2000:9000], return_tensors="pt").input_ids[:, : pages * page]
+    assert ids.shape[1] == pages * page
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(ids, past_key_values=cache)
+    out = []
+    for layer in layers:
+        kv = [getattr(cache.layers[layer], name)[0] for name in ("keys", "values")]  # [H, S, D]
+        out.append([x.view(x.shape[0], pages, page, x.shape[2]).permute(1, 2, 0, 3).contiguous() for x in kv])
+    return out  # [layer][kind] -> [pages, P, H, D]
+
+
+def _pattern_pages(n, page, h, d, seed):
+    """n pages [P, H, D] per kind: all 65,536 patterns rotated by channel, special values, random bits."""
+    per = page * h * d
+    r = torch.arange(65536)
+    rot = torch.cat([(r + c) % 65536 for c in range(3)])
+    special = torch.tensor([0x7FC0, 0x7FFF, 0xFFFF, 0x7F80, 0xFF80, 0x0000, 0x8000, 0x0001, 0x807F, 0x0080, 0x7F7F])
+    gen = torch.Generator().manual_seed(seed)
+    pool = torch.cat([rot, special[torch.randint(0, special.numel(), (per,), generator=gen)],
+                      torch.randint(0, 65536, (per,), generator=gen)])
+    pool = torch.cat([pool, pool[: (-pool.numel()) % per]]) if pool.numel() % per else pool
+    x = pool.to(torch.int32).to(torch.int16).view(torch.bfloat16).view(-1, page, h, d)
+    return x[:n] if x.shape[0] >= n else torch.cat([x] * (n // x.shape[0] + 1))[:n]
+
+
+def _store(table, layers, page, slot_fraction, blocks, frames):
+    h, d = table.num_kv_heads, table.geometry.head_dim
+    store = PageStore(table, layers, page, "cpu", slot_bytes_for(h, d, page, slot_fraction))
+    slots = torch.full((blocks * len(layers) * store.layout.slot_bytes,), 0xA5, dtype=torch.uint8)  # poisoned
+    store.bind(slots, blocks, frames)
+    return store
+
+
+def _fill(store, block, pages):
+    """Open ``block`` and write ``pages[layer_pos][kind]`` [P, H, D] into its frame."""
+    f = store.open_block(block)
+    for pos, kinds in enumerate(pages):
+        for kind, x in enumerate(kinds):
+            store.frames[f, pos, kind] = x
+    return f
+
+
+def test_page_store_bit_exact(smollm2, wikitext_test, table):
+    layers, page = [0, 7, 29], 64
+    real = _real_pages(smollm2, wikitext_test, layers, 4, page)
+    h, d = table.num_kv_heads, table.geometry.head_dim
+    pat = _pattern_pages(8, page, h, d, seed=1)
+    store = _store(table, layers, page, 0.72, blocks=12, frames=12)
+    given = {}
+    for i in range(4):  # real K/V
+        given[3 + i] = [[real[p][k][i] for k in (0, 1)] for p in range(len(layers))]
+    for i in range(2):  # every pattern, special values, random bits (incompressible: an overflow)
+        given[8 + i] = [[pat[(2 * p + k + 4 * i) % pat.shape[0]] for k in (0, 1)] for p in range(len(layers))]
+    for b, pages in given.items():
+        _fill(store, b, pages)
+    blocks = list(given)
+    for pos in range(len(layers)):
+        store.close(pos, blocks)
+    released = store.finish_close(blocks)
+    overflowed = [b for b in blocks if store.frame_of(b) is not None]
+    compressed = [b for b in blocks if store.frame_of(b) is None]
+    assert len(released) == len(compressed) >= 4, store.stats()
+    assert store.free_frames == 12 - TRASH_FRAMES - len(overflowed)
+    for pos in range(len(layers)):
+        k, v = store.read(pos, compressed)
+        for i, b in enumerate(compressed):
+            assert torch.equal(_bits(k[i]), _bits(given[b][pos][0])), (b, pos)
+            assert torch.equal(_bits(v[i]), _bits(given[b][pos][1])), (b, pos)
+    for b in overflowed:  # BF16 in its frame, as written
+        f = store.frame_of(b)
+        for pos in range(len(layers)):
+            assert torch.equal(_bits(store.frames[f, pos, 0]), _bits(given[b][pos][0]))
+    real_ratio = store.stats()
+    assert real_ratio["closed_blocks"] == len(blocks)
+    assert all(b in compressed for b in range(3, 7)), "real K/V pages must fit a 0.72 slot"
+
+
+def test_page_store_overflow_keeps_the_frame(smollm2, wikitext_test, table):
+    layers, page = [0, 1], 64
+    real = _real_pages(smollm2, wikitext_test, layers, 2, page)
+    store = _store(table, layers, page, 0.3, blocks=4, frames=6)  # 0.3 of BF16: nothing real fits
+    for i in range(2):
+        _fill(store, 2 + i, [[real[p][k][i] for k in (0, 1)] for p in range(len(layers))])
+    for pos in range(len(layers)):
+        store.close(pos, [2, 3])
+    assert store.finish_close([2, 3]) == []
+    assert store.stats()["overflow_blocks"] == 2 and store.free_frames == 6 - TRASH_FRAMES - 2
+    store.free(2)
+    store.free(3)
+    assert store.free_frames == 6 - TRASH_FRAMES
+
+
+def test_page_store_refuses_bad_use(table):
+    with pytest.raises(ValueError, match="multiple of the GAAC block size"):
+        PageStore(table, [0], 96, "cpu", 4096)
+    store = _store(table, [0], 64, 0.72, blocks=2, frames=3)
+    store.open_block(1)
+    with pytest.raises(RuntimeError, match="no free BF16 frame"):
+        store.open_block(0)
+    with pytest.raises(RuntimeError, match="already open"):
+        store.open_block(1)
+
+
+def _prompts(tok, wikitext_test):
+    starts = (1000, 4000, 7000, 10000)
+    lens = (150, 260, 90, 200)
+    return [tok(wikitext_test[s: s + 2000]).input_ids[:n] for s, n in zip(starts, lens)]
+
+
+@SERVING
+def test_generate_batch_matches_the_bf16_engine(smollm2, wikitext_test):
+    """Same engine decisions (the same block count), GAAC vs BF16 storage: identical tokens for every
+    request, with a block count so small that the engine preempts (soft resets) requests."""
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    from gaac_hf.integrations.serving import gaac_serving
+
+    model, tok = smollm2
+    ids = _prompts(tok, wikitext_test)
+    gen = GenerationConfig(max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0)
+    kw = dict(page_size=64, max_batch_tokens=256, max_requests_per_batch=4)
+    blocks = 7  # < the 14 the four requests need together: the engine preempts (2 soft resets)
+    ref = model.generate_batch(inputs=ids, generation_config=gen, progress_bar=False, continuous_batching_config=(
+        ContinuousBatchingConfig(num_blocks=blocks, allow_block_sharing=False, use_async_batching=False,
+                                 cpu_offload_space=0.0, **kw)))
+    with gaac_serving(model, "smollm2-135m", num_blocks=blocks, open_pages=16, **kw) as serving:
+        out = model.generate_batch(inputs=ids, generation_config=gen, progress_bar=False,
+                                   continuous_batching_config=serving.config)
+    stats = serving.stats()
+    assert stats["gaac_blocks"] == blocks and stats["preemptions"] > 0, stats
+    assert stats["closed_blocks"] >= 8 and stats["overflow_blocks"] == 0, stats
+    assert sorted(out) == sorted(ref)
+    for rid in ref:
+        assert len(out[rid].generated_tokens) == 24
+        assert out[rid].generated_tokens == ref[rid].generated_tokens, rid
+
+
+@SERVING
+def test_gaac_serving_is_undone(smollm2):
+    from transformers.generation.continuous_batching import continuous_api
+
+    from gaac_hf.integrations.serving import gaac_serving
+
+    model, _ = smollm2
+    before = continuous_api.PagedAttentionCache
+    with gaac_serving(model, "smollm2-135m", num_blocks=4, page_size=64) as serving:
+        assert continuous_api.PagedAttentionCache is not before
+        assert serving.config.num_blocks == 4 and not serving.config.allow_block_sharing
+    assert continuous_api.PagedAttentionCache is before
+    with pytest.raises(KeyError):
+        with gaac_serving(model, "smollm2-135m", num_blocks=4, page_size=64):
+            raise KeyError("inside")
+    assert continuous_api.PagedAttentionCache is before
+
+
+@SERVING
+def test_gaac_serving_errors(smollm2):
+    from gaac_hf.integrations.serving import bf16_serving_config, check_version, gaac_serving
+
+    model, _ = smollm2
+    with pytest.raises(RuntimeError, match="supports transformers 5.23, 5.24.*this is 5.17.0"):
+        check_version("5.17.0")
+    with pytest.raises(ValueError, match="not both or neither"):
+        with gaac_serving(model, "smollm2-135m"):
+            pass
+    with pytest.raises(ValueError, match=r"does not cover \d+ open BF16 pages"):
+        with gaac_serving(model, "smollm2-135m", kv_budget_bytes=1 << 20, page_size=64):
+            pass
+    with pytest.raises(ValueError, match="sets use_cuda_graph itself"):
+        with gaac_serving(model, "smollm2-135m", num_blocks=4, use_cuda_graph=True):
+            pass
+    with pytest.raises(ValueError, match="holds no block"):
+        bf16_serving_config(model, 1000)
+
+
+@SERVING
+def test_equal_budget_holds_more_blocks(smollm2):
+    """At one KV budget the GAAC pool has more blocks than the BF16 engine, open frames paid for."""
+    from gaac_hf.integrations.serving import bf16_serving_config, gaac_serving
+
+    model, _ = smollm2
+    budget = 1 << 30
+    bf16 = bf16_serving_config(model, budget, page_size=64).num_blocks
+    with gaac_serving(model, "smollm2-135m", kv_budget_bytes=budget, page_size=64) as serving:
+        gaac = serving.config.num_blocks
+        frames = serving.open_pages
+    assert gaac > 1.22 * bf16, (gaac, bf16, frames)
