@@ -11,8 +11,8 @@ import transformers
 
 from gaac_hf.cache.pages import TRASH_FRAMES, PageStore, slot_bytes_for
 
-SERVING = pytest.mark.skipif(".".join(transformers.__version__.split(".")[:2]) not in ("5.23", "5.24"),
-                             reason="GAAC serving adapts the 5.23/5.24 continuous-batching engine")
+SERVING = pytest.mark.skipif(".".join(transformers.__version__.split(".")[:2]) not in ("5.17", "5.23", "5.24"),
+                             reason="GAAC serving adapts the 5.17 and 5.23/5.24 continuous-batching engines")
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +71,7 @@ def _fill(store, block, pages):
     f = store.open_block(block)
     for pos, kinds in enumerate(pages):
         for kind, x in enumerate(kinds):
-            store.frames[f, pos, kind] = x
+            store.frame_page(f, pos, kind).copy_(x)
     return f
 
 
@@ -104,7 +104,7 @@ def test_page_store_bit_exact(smollm2, wikitext_test, table):
     for b in overflowed:  # BF16 in its frame, as written
         f = store.frame_of(b)
         for pos in range(len(layers)):
-            assert torch.equal(_bits(store.frames[f, pos, 0]), _bits(given[b][pos][0]))
+            assert torch.equal(_bits(store.frame_page(f, pos, 0)), _bits(given[b][pos][0]))
     real_ratio = store.stats()
     assert real_ratio["closed_blocks"] == len(blocks)
     assert all(b in compressed for b in range(3, 7)), "real K/V pages must fit a 0.72 slot"
@@ -147,18 +147,19 @@ def test_generate_batch_matches_the_bf16_engine(smollm2, wikitext_test):
     """Same engine decisions (the same block count), GAAC vs BF16 storage: identical tokens for every
     request, with a block count so small that the engine preempts (soft resets) requests."""
     from transformers import GenerationConfig
-    from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
-    from gaac_hf.integrations.serving import gaac_serving
+    from gaac_hf.integrations.serving import bf16_serving_config, gaac_serving
 
     model, tok = smollm2
     ids = _prompts(tok, wikitext_test)
     gen = GenerationConfig(max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0)
     kw = dict(page_size=64, max_batch_tokens=256, max_requests_per_batch=4)
     blocks = 7  # < the 14 the four requests need together: the engine preempts (2 soft resets)
-    ref = model.generate_batch(inputs=ids, generation_config=gen, progress_bar=False, continuous_batching_config=(
-        ContinuousBatchingConfig(num_blocks=blocks, allow_block_sharing=False, use_async_batching=False,
-                                 cpu_offload_space=0.0, **kw)))
+    c = model.config
+    bf16_block = c.num_hidden_layers * 2 * 64 * c.num_key_value_heads * c.head_dim * 2
+    bf16 = bf16_serving_config(model, blocks * bf16_block, **kw)
+    assert bf16.num_blocks == blocks
+    ref = model.generate_batch(inputs=ids, generation_config=gen, progress_bar=False, continuous_batching_config=bf16)
     with gaac_serving(model, "smollm2-135m", num_blocks=blocks, open_pages=16, **kw) as serving:
         out = model.generate_batch(inputs=ids, generation_config=gen, progress_bar=False,
                                    continuous_batching_config=serving.config)
@@ -194,8 +195,9 @@ def test_gaac_serving_errors(smollm2):
     from gaac_hf.integrations.serving import bf16_serving_config, check_version, gaac_serving
 
     model, _ = smollm2
-    with pytest.raises(RuntimeError, match="supports transformers 5.23, 5.24.*this is 5.17.0"):
-        check_version("5.17.0")
+    with pytest.raises(RuntimeError, match="supports transformers 5.17, 5.23, 5.24.*this is 5.19.0"):
+        check_version("5.19.0")
+    check_version("5.17.0")
     with pytest.raises(ValueError, match="not both or neither"):
         with gaac_serving(model, "smollm2-135m"):
             pass

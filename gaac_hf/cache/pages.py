@@ -20,8 +20,8 @@ Frames 0 and 1 are never given out: an engine's padding tokens read from frame 0
 (transformers' "trash" rows). Every byte is accounted for by :meth:`stats`.
 
 Shapes: L layers in the group, H kv heads, D head_dim, P = page_size, T = the v3 block size (P % T == 0),
-J = P / T v3 blocks per head and page. ``frames``: BF16 ``[F, L, 2, P, H, D]`` (token-major pages, the
-engine's layout); ``entries``: int64 ``[num_blocks, L, 2, H * J]`` byte offsets into the slot tensor.
+J = P / T v3 blocks per head and page. Frames: BF16 ``[F, L, 2, P, H, D]`` (token-major pages, the
+5.23+ engines' layout) or the engine's per-layer tensors (5.17), see :meth:`PageStore.bind`; ``entries``: int64 ``[num_blocks, L, 2, H * J]`` byte offsets into the slot tensor.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ from ..format.v3 import ENTRY_RAW
 from ..kernels.cpu import native
 from .pool_v3 import GUARD, _BlockPoolV3, geometry_v3
 
-#: frames never given out (padding reads frame 0, writes frame 1)
+#: frames never given out (an engine's padding tokens read one and write the other)
 TRASH_FRAMES = 2
 
 
@@ -114,9 +114,14 @@ class PageStore:
         self.counters = dict(closed_blocks=0, overflow_blocks=0, bf16_v3_blocks=0, encoded_v3_blocks=0)
 
     # -- binding to the engine's memory -------------------------------------------------------------
-    def bind(self, slots: torch.Tensor, num_blocks: int, num_frames: int) -> None:
+    def bind(self, slots: torch.Tensor, num_blocks: int, num_frames: int, layer_frames: list | None = None) -> None:
         """Use ``slots`` (uint8, at least ``num_blocks * L * slot_bytes`` bytes; block b's slot area at
-        byte ``b * L * slot_bytes``) and allocate ``num_frames`` frames."""
+        byte ``b * L * slot_bytes``) and ``num_frames`` frames, two of them trash.
+
+        layer_frames: None allocates the frames as one BF16 ``[F, L, 2, P, H, D]`` tensor, trash frames
+        0 and 1 (the 5.23+ engines' block layout: a frame is contiguous, rows ``f * 2LP + p`` of a
+        shifted per-layer view). Or the engine's own per-layer tensors ``[(K, V) per layer]``, each BF16
+        ``[num_frames * P, H, D]``, trash the last two frames (5.17's layout: rows ``f * P + p``)."""
         lay = self.layout
         if slots.dtype != torch.uint8 or slots.dim() != 1 or slots.numel() < num_blocks * lay.layers * lay.slot_bytes:
             raise ValueError(f"slots must be uint8 [>= {num_blocks * lay.layers * lay.slot_bytes}], got "
@@ -125,24 +130,39 @@ class PageStore:
             raise ValueError(f"num_frames must be more than the {TRASH_FRAMES} trash frames, got {num_frames}")
         self.slots = slots
         self.num_blocks = num_blocks
-        self.frames = torch.zeros(num_frames, lay.layers, 2, lay.page_size, lay.kv_heads, lay.head_dim,
-                                  dtype=torch.bfloat16, device=self.device)
+        shape = (lay.page_size, lay.kv_heads, lay.head_dim)
+        if layer_frames is None:
+            self.frames = torch.zeros(num_frames, lay.layers, 2, *shape, dtype=torch.bfloat16, device=self.device)
+            self._pages = [[self.frames[:, pos, kind] for kind in (0, 1)] for pos in range(lay.layers)]
+            flat = self.frames.view(-1, lay.kv_heads, lay.head_dim)
+            self._views = [[flat[(2 * pos + kind) * lay.page_size:] for kind in (0, 1)] for pos in range(lay.layers)]
+            self.frame_stride = 2 * lay.layers * lay.page_size
+            usable = range(TRASH_FRAMES, num_frames)
+        else:
+            if len(layer_frames) != lay.layers or any(t.shape != (num_frames * lay.page_size, lay.kv_heads, lay.head_dim)
+                                                      or t.dtype != torch.bfloat16 for kv in layer_frames for t in kv):
+                raise ValueError(f"layer_frames must be {lay.layers} (K, V) pairs of BF16 [{num_frames * lay.page_size}, "
+                                 f"{lay.kv_heads}, {lay.head_dim}]")
+            self.frames = None
+            self._pages = [[t.view(num_frames, *shape) for t in kv] for kv in layer_frames]
+            self._views = [list(kv) for kv in layer_frames]
+            self.frame_stride = lay.page_size
+            usable = range(0, num_frames - TRASH_FRAMES)
+        self._frame_bytes = sum(t.numel() * 2 for kv in self._views for t in kv) if layer_frames else self.frames.numel() * 2
         self.entries = torch.zeros(num_blocks, lay.layers, 2, lay.blocks_per_page, dtype=torch.int64, device=self.device)
-        self._free_frames = list(range(num_frames - 1, TRASH_FRAMES - 1, -1))  # pop() gives the lowest first
+        self._free_frames = list(reversed(usable))  # pop() gives the lowest first
         self._frame_of.clear()
         self._overflow.clear()
-
-    @property
-    def frame_stride(self) -> int:
-        """Rows between two frames in a :meth:`frame_view` (= 2 * L * P, the engine's block stride)."""
-        return 2 * self.layout.layers * self.layout.page_size
+        self._fill.clear()
 
     def frame_view(self, layer_pos: int, kind: int) -> torch.Tensor:
         """BF16 ``[rows, H, D]`` view of the frames in which token p of frame f of this layer and kind
-        is row ``f * frame_stride + p`` (the engine's shifted-view addressing)."""
-        lay = self.layout
-        flat = self.frames.view(-1, lay.kv_heads, lay.head_dim)
-        return flat[(2 * layer_pos + kind) * lay.page_size:]
+        is row ``f * frame_stride + p`` (the engine's addressing)."""
+        return self._views[layer_pos][kind]
+
+    def frame_page(self, frame: int, layer_pos: int, kind: int) -> torch.Tensor:
+        """BF16 ``[P, H, D]``: one page of a frame."""
+        return self._pages[layer_pos][kind][frame]
 
     # -- frames ---------------------------------------------------------------------------------------
     @property
@@ -185,7 +205,7 @@ class PageStore:
         n, m = len(blocks), lay.blocks_per_page
         xs, encs = [], []
         for kind in (0, 1):
-            page = self.frames[frames, layer_pos, kind]  # [n, P, H, D]
+            page = self._pages[layer_pos][kind][frames]  # [n, P, H, D]
             x = page.permute(0, 2, 1, 3).reshape(n * m, g.block_size, g.head_dim).contiguous()
             xs.append(x)
             encs.append(self._codecs[layer_pos][kind].encode(x, self._heads.repeat(n)))
@@ -252,7 +272,7 @@ class PageStore:
         stored compressed or as BF16)."""
         lay = self.layout
         return dict(self.counters, slot_bytes=self.slots.numel() if self.slots is not None else 0,
-                    frame_bytes=self.frames.numel() * 2 if self.frames is not None else 0,
+                    frame_bytes=self._frame_bytes if self.slots is not None else 0,
                     entry_bytes=self.entries.numel() * 8 if self.entries is not None else 0,
                     bytes_per_block=lay.layers * lay.slot_bytes, bf16_bytes_per_block=lay.frame_bytes,
                     open_frames=len(self._frame_of), free_frames=len(self._free_frames))

@@ -7,19 +7,17 @@
     serving.stats()   # bytes and blocks of the GAAC pool the engine used
 
 Inside the ``with`` block the engine's paged cache stores full-attention blocks as GAAC slots
-(:mod:`gaac_hf.cache.pages`; how it plugs in: :mod:`.engine_524`), so a KV budget holds ~1.3-1.4x the
-blocks of BF16 and the engine's own scheduler admits and preempts on that real free space. On exit the
-one patched symbol (``continuous_api.PagedAttentionCache``) is restored; nothing is patched at import.
-:func:`bf16_serving_config` gives the BF16 engine the same budget, for comparisons.
+(:mod:`gaac_hf.cache.pages`; how it plugs in: :mod:`.engine_524` for transformers 5.23/5.24,
+:mod:`.engine_517` for 5.17, both on :mod:`.batch`), so a KV budget holds ~1.3-1.4x the blocks of
+BF16 and the engine's own scheduler admits and preempts on that real free space. On exit the one
+patched symbol (``continuous_api.PagedAttentionCache``) is restored (on 5.17 also the model's attention
+implementation, switched to ``paged|sdpa`` inside the block); nothing is patched at import.
+:func:`bf16_serving_config` gives the BF16 engine the same budget and settings, for comparisons.
 
 The budget (``kv_budget_bytes``) pays for everything the GAAC pool holds: the compressed slots, the
 BF16 frames of open blocks (``open_pages``: a batch's new tokens are written there before they are
 compressed) and the entry table. The engine's activations and index buffers are outside it, as for
 the BF16 engine.
-
-Versions: the allocator integration is written and tested for transformers 5.24 (the 5.23 engine has
-the same structure and is accepted); other releases raise with the versions that are supported. 5.17's
-engine (per-layer flat tensors, a Python block table) needs an adapter of its own, not built yet.
 """
 from __future__ import annotations
 
@@ -34,8 +32,9 @@ from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
 from ...cache.pages import TRASH_FRAMES, slot_bytes_for
 
-#: releases whose continuous-batching engine this integration is written for (major.minor)
-SUPPORTED = ("5.23", "5.24")
+#: releases whose continuous-batching engine this integration is written for (major.minor); 5.17 and
+#: 5.24 are tested (tests/test_serving.py runs on whichever is installed), 5.23 shares 5.24's engine
+SUPPORTED = ("5.17", "5.23", "5.24")
 #: set to 1 to try an unsupported release anyway (at your own risk: outputs are still checked by nothing)
 UNTESTED_ENV = "GAAC_SERVING_UNTESTED"
 #: defaults of the GAAC serving config where the user sets nothing (they fix the number of open frames)
@@ -70,35 +69,56 @@ def check_version(version: str | None = None) -> None:
     if ".".join(version.split(".")[:2]) in SUPPORTED or os.environ.get(UNTESTED_ENV) == "1":
         return
     raise RuntimeError(f"GAAC serving supports transformers {', '.join(SUPPORTED)} continuous batching; this is {version}. "
-                       f"Install one of those, or set {UNTESTED_ENV}=1 to try anyway (5.17's engine has a different "
-                       "cache layout that GAAC does not adapt to yet).")
+                       f"Install one of those, or set {UNTESTED_ENV}=1 to try anyway.")
+
+
+def _is_517(version: str | None = None) -> bool:
+    return tuple(int(x) for x in (version or transformers.__version__).split(".")[:2]) < (5, 23)
 
 
 def _shape(config) -> tuple[int, int, int]:
     """(full-attention layers, kv heads, head_dim) of a text config."""
-    from transformers.generation.continuous_batching.cache import group_layers_by_attn_type
-    from transformers.generation.continuous_batching.utils import find_head_dim, find_num_key_value_heads
-
-    groups = group_layers_by_attn_type(config)
-    return len(groups.get("full_attention", [])), find_num_key_value_heads(config), find_head_dim(config)
+    types = getattr(config, "layer_types", None)
+    if types is None:
+        types = ["sliding_attention" if getattr(config, "sliding_window", None) else "full_attention"] * config.num_hidden_layers
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return sum(t == "full_attention" for t in types), heads, head_dim
 
 
 def _base_config(overrides: dict) -> dict:
+    """The engine settings both pools run with (GAAC needs them; the BF16 baseline gets the same):
+    no block sharing, no async batching, no CPU swap pool, our page size and batch limits."""
     kw = dict(page_size=DEFAULT_PAGE_SIZE, max_batch_tokens=DEFAULT_MAX_BATCH_TOKENS,
               max_requests_per_batch=DEFAULT_MAX_REQUESTS)
     kw.update(overrides)
+    for key in ("allow_block_sharing", "use_async_batching", "cpu_offload_space"):
+        if key in overrides:
+            raise ValueError(f"gaac_serving sets {key} itself (see gaac_hf.integrations.serving.engine_524)")
+    kw.update(allow_block_sharing=False, use_async_batching=False, cpu_offload_space=0.0)
     return kw
+
+
+def _engine_config(kw: dict, num_blocks: int, **extra) -> ContinuousBatchingConfig:
+    """A ContinuousBatchingConfig for this release (5.17 calls the page ``block_size`` and has no
+    ``auto_switch_to_flash``; its block-table decode path is switched off)."""
+    kw = dict(kw, **extra)
+    if _is_517():
+        kw["block_size"] = kw.pop("page_size")
+        kw.pop("auto_switch_to_flash", None)
+        kw["max_blocks_per_request"] = 0
+    return ContinuousBatchingConfig(num_blocks=num_blocks, **kw)
 
 
 def bf16_serving_config(model, kv_budget_bytes: int, **overrides) -> ContinuousBatchingConfig:
     """The engine's own BF16 paged cache holding ``kv_budget_bytes`` of KV (full-attention layers),
-    with the same batch limits as :func:`gaac_serving`'s defaults: the baseline of a comparison."""
+    with the settings and batch limits :func:`gaac_serving` uses: the baseline of a comparison."""
     layers, h, d = _shape(model.config.get_text_config())
     kw = _base_config(overrides)
     block = layers * 2 * kw["page_size"] * h * d * 2
     if kv_budget_bytes < block:
         raise ValueError(f"kv_budget_bytes {kv_budget_bytes} holds no block of {block} bytes")
-    return ContinuousBatchingConfig(num_blocks=kv_budget_bytes // block, **kw)
+    return _engine_config(kw, kv_budget_bytes // block)
 
 
 def _sizes(config, calibration, page: int, slot_fraction: float) -> dict:
@@ -134,15 +154,12 @@ def gaac_serving(model, calibration, *, kv_budget_bytes: int | None = None, num_
     """
     from transformers.generation.continuous_batching import continuous_api
 
-    from .engine_524 import GAACPagedAttentionCache
-
     check_version()
     if getattr(model, "dtype", torch.bfloat16) != torch.bfloat16:
         raise ValueError(f"GAAC serving stores bfloat16 K/V losslessly; this model is {model.dtype}: load it with "
                          "dtype=torch.bfloat16")
-    for key in ("allow_block_sharing", "use_async_batching", "use_cuda_graph", "cpu_offload_space"):
-        if key in overrides:
-            raise ValueError(f"gaac_serving sets {key} itself (see gaac_hf.integrations.serving.engine_524)")
+    if "use_cuda_graph" in overrides:
+        raise ValueError("gaac_serving sets use_cuda_graph itself (a block's close runs host code between layers)")
     if (kv_budget_bytes is None) == (num_blocks is None):
         raise ValueError("pass kv_budget_bytes (the pool's bytes) or num_blocks (its blocks), not both or neither")
     kw = _base_config(overrides)
@@ -156,15 +173,23 @@ def gaac_serving(model, calibration, *, kv_budget_bytes: int | None = None, num_
             raise ValueError(f"kv_budget_bytes {kv_budget_bytes} does not cover {frames} open BF16 pages "
                              f"({frames * sz['bf16_block']} bytes) and one compressed block ({sz['slot_block']} bytes): "
                              "raise it, or lower open_pages / max_batch_tokens / max_requests_per_batch")
-    cb_config = ContinuousBatchingConfig(num_blocks=num_blocks, allow_block_sharing=False, use_async_batching=False,
-                                         use_cuda_graph=False, cpu_offload_space=0.0, auto_switch_to_flash=False, **kw)
+    cb_config = _engine_config(kw, num_blocks, use_cuda_graph=False, auto_switch_to_flash=False)
     session = ServingSession(cb_config, sz["slot_bytes"], frames)
-    cls = type("GAACPagedAttentionCacheBound", (GAACPagedAttentionCache,),
+    if _is_517():
+        from .engine_517 import GAACPagedAttentionCache517 as base
+    else:
+        from .engine_524 import GAACPagedAttentionCache as base
+    cls = type("GAACPagedAttentionCacheBound", (base,),
                {"_gaac": dict(table=sz["table"], slot_bytes=sz["slot_bytes"], frames=frames, num_blocks=num_blocks,
                               session=session)})
     saved = continuous_api.PagedAttentionCache
+    attn = model.config._attn_implementation
     continuous_api.PagedAttentionCache = cls
     try:
+        if _is_517() and attn != "paged|sdpa":
+            model.set_attn_implementation("paged|sdpa")  # 5.17 would pick flash, which reads block tables itself
         yield session
     finally:
         continuous_api.PagedAttentionCache = saved
+        if model.config._attn_implementation != attn:
+            model.set_attn_implementation(attn)

@@ -33,6 +33,7 @@ from transformers.generation.continuous_batching import cache as tf_cache
 from transformers.generation.continuous_batching.cache_allocators import FULL_ATTENTION, FullAttentionCacheAllocator
 
 from ...cache.pages import PageStore
+from .batch import BatchPages
 
 
 class GAACFullAttentionAllocator(FullAttentionCacheAllocator):
@@ -51,19 +52,14 @@ class GAACFullAttentionAllocator(FullAttentionCacheAllocator):
         if cache_dtype != torch.bfloat16:
             raise ValueError(f"GAAC serving stores bfloat16 K/V losslessly; the model runs in {cache_dtype}: load it with "
                              "dtype=torch.bfloat16")
-        self.head_dim = store.layout.head_dim
-        self.num_key_value_heads = num_key_value_heads
-        self.cache_dtype = cache_dtype
         if num_key_value_heads != store.layout.kv_heads:
             raise ValueError(f"the calibration table has {store.layout.kv_heads} kv heads, the engine {num_key_value_heads} "
                              "(tensor parallel serving is not supported by GAAC yet)")
+        self.head_dim, self.num_key_value_heads, self.cache_dtype = store.layout.head_dim, num_key_value_heads, cache_dtype
         self.store, self.num_frames = store, num_frames
         self._before_cache_tensor_init(index=index, layer_indices=layer_indices, tokens_per_page=page_size,
                                        bytes_per_page=store.layout.slot_bytes, allow_block_sharing=False)
-        self._closing: list[int] = []   # blocks the current batch's writes fill
-        self._scratch: list[int] = []   # compressed blocks the current batch reads, in scratch order
-        self._batch_done = False
-        self.preemptions = 0
+        self.batch = None  # BatchPages, once the store is bound
 
     # -- memory -----------------------------------------------------------------------------------
     def register_cache_tensor(self, bytes_per_sector, non_trash_bytes, cache_tensor, pool) -> None:
@@ -72,7 +68,7 @@ class GAACFullAttentionAllocator(FullAttentionCacheAllocator):
         total_blocks = cache_tensor.numel() // self.bytes_per_block  # block ids count the trash sectors too
         self.store.bind(cache_tensor.view(-1), total_blocks, self.num_frames)
         self.write_trash_index = self.store.frame_stride  # frame 1 (frame 0: the read trash, row 0)
-        self.scratch_base = self.num_frames * self.store.frame_stride
+        self.batch = BatchPages(self.store, self.num_frames * self.store.frame_stride)
 
     def needs_new_sectors(self, request_id: str, past_length: int, query_length: int) -> int:
         """The engine's count, or more sectors than exist when the new blocks find no free frame (the
@@ -86,12 +82,10 @@ class GAACFullAttentionAllocator(FullAttentionCacheAllocator):
         super().allocate_cache_to_request(request_id, past_length, query_length)
         for block in self.block_table[request_id][before:]:
             self.store.open_block(block)
+        self.batch.admitted(request_id)
 
     def free_blocks(self, request_id: str, no_cache: bool = False) -> None:
-        # the engine frees with no_cache=True when it preempts (soft reset / offload), False when a request ends
-        self.preemptions += bool(no_cache and self.block_table.get(request_id))
-        for block in self.block_table.get(request_id, []):
-            self.store.free(block)
+        self.batch.freed(request_id, self.block_table.get(request_id, []))
         super().free_blocks(request_id, no_cache)
 
     def fork_blocks(self, source_request_id, dest_request_id, past_length):
@@ -100,81 +94,26 @@ class GAACFullAttentionAllocator(FullAttentionCacheAllocator):
     def copy_blocks(self, source_block_ids, dest_block_ids) -> None:
         raise NotImplementedError("GAAC serving does not copy blocks (forks, CPU offloading) yet")
 
-    # -- indices ------------------------------------------------------------------------------------
-    def _start_batch_if_done(self) -> None:
-        if self._batch_done:
-            self._closing, self._scratch, self._batch_done = [], [], False
-
-    def _token_rows(self, block: int, start: int, stop: int, *, reading: bool) -> range:
-        frame = self.store.frame_of(block)
-        if frame is not None:
-            base = frame * self.store.frame_stride
-        elif reading:
-            base = self.scratch_base + len(self._scratch) * self.tokens_per_page
-            self._scratch.append(block)
-        else:
-            raise RuntimeError(f"GAAC serving: block {block} is compressed but the engine writes to it")
-        return range(base + start, base + stop)
-
+    # -- indices and the forward (BatchPages) ---------------------------------------------------------
     def _table(self, request_id: str) -> list[int]:
-        self._start_batch_if_done()
         table = self.block_table.get(request_id)
         if table is None:
             raise ValueError(f"No block table found for request {request_id}")
         return table
 
     def get_write_indices(self, request_id: str, past_length: int, query_length: int) -> list[int]:
-        """Rows of the new tokens (always in frames: only open blocks are written); records the blocks
-        this write fills, which :meth:`update` closes."""
-        table, page = self._table(request_id), self.tokens_per_page
-        end = past_length + query_length
-        rows: list[int] = []
-        for b in range(past_length // page, (end - 1) // page + 1):
-            lo = past_length - b * page if b == past_length // page else 0
-            hi = min(end - b * page, page)
-            rows.extend(self._token_rows(table[b], lo, hi, reading=False))
-            if hi == page:
-                self._closing.append(table[b])
-        return rows
+        return self.batch.write_rows(self._table(request_id), past_length, query_length)
 
     def get_read_indices(self, request_id: str, past_length: int, query_length: int) -> list[int]:
-        """Rows of the request's whole context: frames for BF16 blocks, the scratch for compressed ones."""
-        table, page = self._table(request_id), self.tokens_per_page
-        total = past_length + query_length
-        rows: list[int] = []
-        for b in range(-(-total // page)):
-            rows.extend(self._token_rows(table[b], 0, min(page, total - b * page), reading=True))
-        return rows
+        return self.batch.read_rows(self._table(request_id), past_length, query_length)
 
     def fill_block_table(self, request_id, past_length, query_length, block_table) -> None:
         raise NotImplementedError("GAAC serving has no block-table decode path yet (supports_block_table is False)")
 
-    # -- the forward ----------------------------------------------------------------------------------
     def update(self, key_states, value_states, layer_idx, read_index, write_index):
-        """Write this layer's new K/V ``[q, H, D]`` into the frames, encode the pages this batch filled,
-        and return the K/V attention reads ``[len(read_index), H, D]`` (bit-exact BF16)."""
-        pos = self.layer_indices.index(layer_idx)
-        views = [self.store.frame_view(pos, kind) for kind in (0, 1)]
-        views[0].index_copy_(0, write_index, key_states)
-        views[1].index_copy_(0, write_index, value_states)
-        self.store.close(pos, self._closing)
-        last = pos == len(self.layer_indices) - 1
-        if last:
-            self.store.finish_close(self._closing)
-            self._batch_done = True
-        if read_index.numel() == 0:
-            return key_states, value_states
-        if not self._scratch:
-            return tuple(torch.index_select(v, 0, read_index) for v in views)
-        decoded = self.store.read(pos, self._scratch)  # K, V [n, P, H, D]
-        in_frames = (read_index < self.scratch_base)[:, None, None]
-        out = []
-        for view, dec in zip(views, decoded):
-            dec = dec.reshape(-1, *dec.shape[2:])
-            a = torch.index_select(view, 0, read_index.clamp(max=view.shape[0] - 1))
-            b = torch.index_select(dec, 0, (read_index - self.scratch_base).clamp(0, dec.shape[0] - 1))
-            out.append(torch.where(in_frames, a, b))
-        return out[0], out[1]
+        """Write this layer's new K/V ``[q, H, D]``, encode the pages this batch filled, return the K/V
+        attention reads ``[len(read_index), H, D]`` (:meth:`BatchPages.layer_step`)."""
+        return self.batch.layer_step(self.layer_indices.index(layer_idx), key_states, value_states, read_index, write_index)
 
     def get_cache_for_block_table(self, layer_idx: int):
         raise NotImplementedError("GAAC serving has no block-table decode path yet")
@@ -241,4 +180,4 @@ class GAACPagedAttentionCache(tf_cache.PagedAttentionCache):
         """Bytes of the compressed pool (:meth:`PageStore.stats`) and of the engine's whole cache tensor."""
         full = self.cache_allocators[FULL_ATTENTION]
         return dict(self.gaac_store.stats(), cache_tensor_bytes=self.cache_tensor.numel(), gaac_blocks=self.num_sectors,
-                    preemptions=full.preemptions)
+                    preemptions=full.batch.preemptions)
