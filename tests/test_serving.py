@@ -166,6 +166,7 @@ def test_generate_batch_matches_the_bf16_engine(smollm2, wikitext_test):
     stats = serving.stats()
     assert stats["gaac_blocks"] == blocks and stats["preemptions"] > 0, stats
     assert stats["closed_blocks"] >= 8 and stats["overflow_blocks"] == 0, stats
+    assert stats["open_frames"] == 0 and stats["free_frames"] == 16 - TRASH_FRAMES, stats  # every frame came back
     assert sorted(out) == sorted(ref)
     for rid in ref:
         assert len(out[rid].generated_tokens) == 24
@@ -223,3 +224,30 @@ def test_equal_budget_holds_more_blocks(smollm2):
         gaac = serving.config.num_blocks
         frames = serving.open_pages
     assert gaac > 1.22 * bf16, (gaac, bf16, frames)
+
+
+@SERVING
+def test_a_request_larger_than_the_pool_fails_as_in_the_bf16_engine(smollm2):
+    """A prompt needing more blocks than the pool holds fails with the engine's own error, exactly where
+    the BF16 engine fails it (5.24 fails that request, 5.17 the whole run); what finishes has the BF16
+    engine's tokens, and every frame is back afterwards."""
+    from transformers import GenerationConfig
+
+    from gaac_hf.integrations.serving import bf16_serving_config, gaac_serving
+
+    model, _ = smollm2
+    ids = [list(range(100, 700)), list(range(200, 300))]  # 600 tokens: 10 blocks of 64 > 6
+    gen = GenerationConfig(max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0)
+    kw = dict(page_size=64, max_batch_tokens=256, max_requests_per_batch=4)
+    with gaac_serving(model, "smollm2-135m", num_blocks=6, open_pages=16, **kw) as serving:
+        out = model.generate_batch(inputs=ids, generation_config=gen, progress_bar=False,
+                                   continuous_batching_config=serving.config)
+    c = model.config
+    bf16 = bf16_serving_config(model, 6 * c.num_hidden_layers * 2 * 64 * c.num_key_value_heads * c.head_dim * 2, **kw)
+    ref = model.generate_batch(inputs=ids, generation_config=gen, progress_bar=False, continuous_batching_config=bf16)
+    assert out["req_0"].error and not out["req_0"].generated_tokens
+    for rid in ref:
+        assert (out[rid].error is None) == (ref[rid].error is None), rid
+        assert out[rid].generated_tokens == ref[rid].generated_tokens, rid
+    stats = serving.stats()
+    assert stats["open_frames"] == 0 and stats["free_frames"] == 16 - TRASH_FRAMES, stats
