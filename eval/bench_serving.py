@@ -29,23 +29,30 @@ import harness  # noqa: E402
 
 
 class _Concurrency:
-    """Most requests holding blocks at once, counted where every full-attention allocator allocates."""
+    """Most requests holding blocks at once, counted where every full-attention allocator allocates
+    (5.23+: ``cache_allocators.FullAttentionCacheAllocator.allocate_cache_to_request``; 5.17:
+    ``cache_manager.FullAttentionCacheAllocator.allocate_blocks``)."""
 
     def __init__(self):
-        from transformers.generation.continuous_batching.cache_allocators import FullAttentionCacheAllocator
-
-        self.cls, self.peak = FullAttentionCacheAllocator, 0
-        self.saved = self.cls.allocate_cache_to_request
+        try:
+            from transformers.generation.continuous_batching.cache_allocators import FullAttentionCacheAllocator as cls
+            name = "allocate_cache_to_request"
+        except ImportError:
+            from transformers.generation.continuous_batching.cache_manager import FullAttentionCacheAllocator as cls
+            name = "allocate_blocks"
+        self.cls, self.name, self.peak = cls, name, 0
+        self.saved = getattr(cls, name)
         meter = self
 
-        def allocate(alloc, request_id, past_length, query_length):
-            meter.saved(alloc, request_id, past_length, query_length)
+        def allocate(alloc, *args):
+            out = meter.saved(alloc, *args)
             meter.peak = max(meter.peak, len(alloc.block_table))
+            return out
 
-        self.cls.allocate_cache_to_request = allocate
+        setattr(cls, name, allocate)
 
     def close(self):
-        self.cls.allocate_cache_to_request = self.saved
+        setattr(self.cls, self.name, self.saved)
 
 
 def _model(name: str, device: str):
@@ -121,7 +128,7 @@ def main(argv=None):
         with gaac_serving(model, calibration, kv_budget_bytes=budget, **limits) as serving:
             out, row["gaac"] = _run(model, ids, gen, serving.config)
         st = serving.stats()
-        page = serving.config.page_size
+        page = serving.page_size
         row["gaac"].update(blocks=st["gaac_blocks"], preemptions=st["preemptions"], overflow_blocks=st["overflow_blocks"],
                            open_pages=serving.open_pages, pool=st)
         row["gaac"]["same_tokens"] = all(out[r].generated_tokens == ref[r].generated_tokens for r in ref)

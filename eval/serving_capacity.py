@@ -58,7 +58,7 @@ def capacity_rows(model_config, calibration, budgets_gb) -> list:
         budget = int(gb * (1 << 30))
         bf16 = bf16_serving_config(_Model, budget).num_blocks
         with gaac_serving(_Model, calibration, kv_budget_bytes=budget) as serving:
-            gaac, frames, page = serving.config.num_blocks, serving.open_pages, serving.config.page_size
+            gaac, frames, page = serving.config.num_blocks, serving.open_pages, serving.page_size
         rows.append(dict(budget_gib=gb, page_size=page, open_pages=frames, bf16_blocks=bf16, gaac_blocks=gaac,
                          gain=gaac / bf16, bf16_tokens=bf16 * page, gaac_tokens=gaac * page))
     return rows

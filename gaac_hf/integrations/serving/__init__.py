@@ -52,6 +52,7 @@ class ServingSession:
     built inside the ``with`` block (one per manager / batch processor)."""
 
     config: ContinuousBatchingConfig
+    page_size: int
     slot_bytes: int
     open_pages: int
     caches: list = field(default_factory=list)
@@ -174,7 +175,7 @@ def gaac_serving(model, calibration, *, kv_budget_bytes: int | None = None, num_
                              f"({frames * sz['bf16_block']} bytes) and one compressed block ({sz['slot_block']} bytes): "
                              "raise it, or lower open_pages / max_batch_tokens / max_requests_per_batch")
     cb_config = _engine_config(kw, num_blocks, use_cuda_graph=False, auto_switch_to_flash=False)
-    session = ServingSession(cb_config, sz["slot_bytes"], frames)
+    session = ServingSession(cb_config, page, sz["slot_bytes"], frames)
     if _is_517():
         from .engine_517 import GAACPagedAttentionCache517 as base
     else:
