@@ -251,3 +251,42 @@ def test_a_request_larger_than_the_pool_fails_as_in_the_bf16_engine(smollm2):
         assert out[rid].generated_tokens == ref[rid].generated_tokens, rid
     stats = serving.stats()
     assert stats["open_frames"] == 0 and stats["free_frames"] == 16 - TRASH_FRAMES, stats
+
+
+@SERVING
+def test_gaac_serve_builds_gaac_managers_and_forwards_its_arguments(smollm2, monkeypatch):
+    """gaac-serve's patch: any init_continuous_batching (the server's entry, and generate_batch's) builds a
+    GAAC-paged manager with the server's batch-token flag; main() forwards the rest to `transformers serve`
+    with --continuous-batching while the patch is on, and undoes it."""
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+    from transformers.generation.continuous_batching.continuous_api import ContinuousMixin
+
+    from gaac_hf.integrations.serving import bf16_serving_config, serve
+
+    model, _ = smollm2
+    ids = [list(range(300, 420)), list(range(500, 590))]
+    gen = GenerationConfig(max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)
+    before = ContinuousMixin.init_continuous_batching
+    with serve.gaac_server("smollm2-135m", kv_budget_bytes=96 << 20, open_pages=16, max_requests_per_batch=4) as sessions:
+        out = model.generate_batch(inputs=ids, generation_config=gen, progress_bar=False,
+                                   continuous_batching_config=ContinuousBatchingConfig(max_batch_tokens=256))
+    assert ContinuousMixin.init_continuous_batching is before
+    assert len(sessions) == 1 and sessions[0].config.max_batch_tokens == 256
+    assert sessions[0].stats()["closed_blocks"] >= 2
+    ref = model.generate_batch(inputs=ids, generation_config=gen, progress_bar=False, continuous_batching_config=(
+        bf16_serving_config(model, 96 << 20, max_batch_tokens=256, max_requests_per_batch=4)))
+    assert all(out[r].generated_tokens == ref[r].generated_tokens for r in ref)
+
+    seen = {}
+
+    def fake_serve(argv):
+        seen["argv"] = argv
+        seen["patched"] = ContinuousMixin.init_continuous_batching is not before
+
+    monkeypatch.setattr(serve, "_run_transformers_serve", fake_serve)
+    serve.main(["--calibration", "smollm2-135m", "--kv-budget-gb", "2", "--", "some/model", "--port", "8001"])
+    assert seen == {"argv": ["--continuous-batching", "some/model", "--port", "8001"], "patched": True}
+    assert ContinuousMixin.init_continuous_batching is before
+    with pytest.raises(SystemExit):
+        serve.main(["--kv-budget-gb", "2"])  # no --calibration

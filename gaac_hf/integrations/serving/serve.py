@@ -1,0 +1,77 @@
+"""``gaac-serve``: ``transformers serve --continuous-batching`` with GAAC pages.
+
+    gaac-serve --calibration smollm2-135m --kv-budget-gb 8 -- <transformers serve arguments>
+    gaac-serve --calibration my-table.safetensors --kv-budget-gb 8 -- Qwen/Qwen3-8B --dtype bfloat16
+
+The server loads its model when the first request comes and then builds its continuous-batching
+manager with ``model.init_continuous_batching``. For the life of this process that method is wrapped
+(:func:`gaac_server`): the manager it builds gets the GAAC serving config for that model (the budget
+and limits given here, ``--cb-max-batch-tokens`` from the server's flags) inside
+:func:`~gaac_hf.integrations.serving.gaac_serving`, so its paged cache keeps GAAC pages. Patched, and
+restored when the server exits: ``ContinuousMixin.init_continuous_batching`` and what ``gaac_serving``
+patches (``continuous_api.PagedAttentionCache``).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+
+from . import DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_REQUESTS, DEFAULT_SLOT_FRACTION, gaac_serving
+
+
+@contextlib.contextmanager
+def gaac_server(calibration, *, kv_budget_bytes: int, slot_fraction: float = DEFAULT_SLOT_FRACTION,
+                open_pages: int | None = None, max_requests_per_batch: int = DEFAULT_MAX_REQUESTS):
+    """While open, every ``model.init_continuous_batching(...)`` builds a GAAC-paged manager (the
+    server's entry); yields the list of :class:`~gaac_hf.integrations.serving.ServingSession`."""
+    from transformers.generation.continuous_batching.continuous_api import ContinuousMixin
+
+    original = ContinuousMixin.init_continuous_batching
+    sessions, stack = [], contextlib.ExitStack()
+
+    def init_continuous_batching(self, generation_config=None, continuous_batching_config=None, **kwargs):
+        tokens = getattr(continuous_batching_config, "max_batch_tokens", None) or DEFAULT_MAX_BATCH_TOKENS
+        session = stack.enter_context(gaac_serving(
+            self, calibration, kv_budget_bytes=kv_budget_bytes, slot_fraction=slot_fraction, open_pages=open_pages,
+            max_batch_tokens=tokens, max_requests_per_batch=max_requests_per_batch))
+        sessions.append(session)
+        return original(self, generation_config, session.config, **kwargs)
+
+    ContinuousMixin.init_continuous_batching = init_continuous_batching
+    try:
+        with stack:
+            yield sessions
+    finally:
+        ContinuousMixin.init_continuous_batching = original
+
+
+def _run_transformers_serve(argv: list[str]) -> None:
+    """``transformers serve <argv>`` in this process (its own CLI application)."""
+    from transformers.cli.transformers import app
+
+    app(["serve", *argv], standalone_mode=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="gaac-serve", description=__doc__.split("\n\n")[0],
+                                 epilog="Arguments after -- go to `transformers serve` (--continuous-batching is added).")
+    ap.add_argument("--calibration", required=True, help="the model's calibration table: a shipped name or a path")
+    ap.add_argument("--kv-budget-gb", type=float, required=True, help="GiB of the GAAC KV pool (slots, open pages, entries)")
+    ap.add_argument("--slot-fraction", type=float, default=DEFAULT_SLOT_FRACTION)
+    ap.add_argument("--open-pages", type=int, default=None)
+    ap.add_argument("--max-requests-per-batch", type=int, default=DEFAULT_MAX_REQUESTS)
+    argv = sys.argv[1:] if argv is None else argv
+    ours, rest = (argv[: argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    args = ap.parse_args(ours)
+    if args.kv_budget_gb <= 0:
+        ap.error("--kv-budget-gb must be positive")
+    if "--continuous-batching" not in rest:
+        rest = ["--continuous-batching", *rest]
+    with gaac_server(args.calibration, kv_budget_bytes=int(args.kv_budget_gb * (1 << 30)), slot_fraction=args.slot_fraction,
+                     open_pages=args.open_pages, max_requests_per_batch=args.max_requests_per_batch):
+        _run_transformers_serve(rest)
+
+
+if __name__ == "__main__":
+    main()
