@@ -32,7 +32,7 @@ def _real_pages(smollm2, wikitext_test, layers, pages, page):
     from transformers import DynamicCache
 
     model, tok = smollm2
-    ids = tok(wikitext_test[2000:9000], return_tensors="pt").input_ids[:, : pages * page]
+    ids = tok(wikitext_test[2000:2000 + 6 * pages * page], return_tensors="pt").input_ids[:, : pages * page]
     assert ids.shape[1] == pages * page
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
@@ -290,3 +290,46 @@ def test_gaac_serve_builds_gaac_managers_and_forwards_its_arguments(smollm2, mon
     assert ContinuousMixin.init_continuous_batching is before
     with pytest.raises(SystemExit):
         serve.main(["--kv-budget-gb", "2"])  # no --calibration
+
+
+def test_page_store_warns_once_when_blocks_overflow(smollm2, wikitext_test, table):
+    import warnings
+
+    layers, page, n = [0, 1], 64, 32
+    real = _real_pages(smollm2, wikitext_test, layers, n, page)
+    for fraction, expect in ((0.3, True), (0.72, False)):
+        store = _store(table, layers, page, fraction, blocks=n, frames=n + TRASH_FRAMES)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for half in (range(0, n // 2), range(n // 2, n)):  # two batches; the check runs once past 32 blocks
+                blocks = list(half)
+                for i in blocks:
+                    _fill(store, i, [[real[p][k][i] for k in (0, 1)] for p in range(len(layers))])
+                for pos in range(len(layers)):
+                    store.close(pos, blocks)
+                store.finish_close(blocks)
+        hits = [w for w in caught if "did not fit their slots" in str(w.message)]
+        assert len(hits) == (1 if expect else 0), (fraction, [str(w.message) for w in caught])
+
+
+@SERVING
+def test_an_engine_config_gaac_cannot_run_is_refused(smollm2):
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    from gaac_hf.integrations.serving import gaac_serving
+    from gaac_hf.integrations.serving.batch import check_engine_config
+
+    check_engine_config(ContinuousBatchingConfig(allow_block_sharing=False, use_async_batching=False, cpu_offload_space=0))
+    check_engine_config(ContinuousBatchingConfig(use_cuda_graph=(False, False), allow_block_sharing=False))
+    with pytest.raises(ValueError, match="use_async_batching.*pass continuous_batching_config=serving.config"):
+        check_engine_config(ContinuousBatchingConfig(use_async_batching=True, allow_block_sharing=False))
+    model, _ = smollm2
+    gen = GenerationConfig(max_new_tokens=4, do_sample=False, eos_token_id=None, pad_token_id=0)
+    with gaac_serving(model, "smollm2-135m", num_blocks=8, open_pages=8, page_size=64):
+        try:  # the engine's own config (block sharing on): refused when the engine builds its cache
+            out = model.generate_batch(inputs=[list(range(100, 140))], generation_config=gen, progress_bar=False)
+        except ValueError as err:
+            assert "serving.config" in str(err)
+        else:
+            assert all(o.error and "serving.config" in o.error for o in out.values()), out

@@ -26,6 +26,7 @@ J = P / T v3 blocks per head and page. Frames: BF16 ``[F, L, 2, P, H, D]`` (toke
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -37,6 +38,8 @@ from .pool_v3 import GUARD, _BlockPoolV3, geometry_v3
 
 #: frames never given out (an engine's padding tokens read one and write the other)
 TRASH_FRAMES = 2
+#: warn once when more than this share of the first OVERFLOW_CHECK_BLOCKS closed blocks overflowed
+OVERFLOW_WARN_SHARE, OVERFLOW_CHECK_BLOCKS = 0.05, 32
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,7 @@ class PageStore:
         self._overflow: set[int] = set()
         self._fill: dict[int, int] = {}  # bytes of a closing block's slot area taken by its closed layers
         self.counters = dict(closed_blocks=0, overflow_blocks=0, bf16_v3_blocks=0, encoded_v3_blocks=0)
+        self._warned = False
 
     # -- binding to the engine's memory -------------------------------------------------------------
     def bind(self, slots: torch.Tensor, num_blocks: int, num_frames: int, layer_frames: list | None = None) -> None:
@@ -241,6 +245,15 @@ class PageStore:
         """After every layer's :meth:`close` of ``blocks``: the frames of blocks whose every page fit
         return to the free list (returned); overflowed blocks keep theirs."""
         released = []
+        c = self.counters
+        if not self._warned and c["closed_blocks"] + len(blocks) >= OVERFLOW_CHECK_BLOCKS > c["closed_blocks"]:
+            over = c["overflow_blocks"] + sum(b in self._overflow for b in blocks)
+            if over > OVERFLOW_WARN_SHARE * (c["closed_blocks"] + len(blocks)):
+                self._warned = True
+                warnings.warn(f"GAAC serving: {over} of the first {c['closed_blocks'] + len(blocks)} full blocks did not fit "
+                              "their slots and stay BF16 (they hold frames, so fewer requests fit): the calibration table "
+                              "does not fit this model's K/V (calibrate one: gaac-calibrate), or raise slot_fraction",
+                              RuntimeWarning, stacklevel=2)
         for b in blocks:
             self.counters["closed_blocks"] += 1
             self._fill.pop(b, None)

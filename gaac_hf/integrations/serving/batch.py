@@ -24,6 +24,20 @@ import torch
 from ...cache.pages import PageStore
 
 
+def check_engine_config(cfg) -> None:
+    """Refuse an engine config GAAC pages cannot run under (a manager built without the config that
+    :func:`~gaac_hf.integrations.serving.gaac_serving` yields)."""
+    def on(value) -> bool:  # the engine resolves use_cuda_graph to a (varlen, decode) pair of booleans
+        return any(value) if isinstance(value, (tuple, list)) else bool(value)
+
+    wrong = [name for name in ("use_async_batching", "use_cuda_graph", "allow_block_sharing", "cpu_offload_space")
+             if on(getattr(cfg, name, None))]
+    if wrong:
+        raise ValueError(f"GAAC serving cannot run with {', '.join(wrong)} set in the continuous batching config: pass "
+                         "continuous_batching_config=serving.config (what gaac_serving yields) to generate_batch / "
+                         "init_continuous_batching")
+
+
 class BatchPages:
     """Closing and scratch lists of the current batch, for a store whose frames start every
     ``store.frame_stride`` rows and whose scratch rows start at ``scratch_base``."""

@@ -28,7 +28,7 @@ from transformers.generation.continuous_batching import cache as tf_cache
 from transformers.generation.continuous_batching.cache_manager import BlockManager, FullAttentionCacheAllocator
 
 from ...cache.pages import TRASH_FRAMES, PageStore
-from .batch import BatchPages
+from .batch import BatchPages, check_engine_config
 
 
 class GAACFullAttentionAllocator517(FullAttentionCacheAllocator):
@@ -81,6 +81,7 @@ class GAACPagedAttentionCache517(tf_cache.PagedAttentionCache):
         settings = self._gaac
         if not settings:
             raise RuntimeError("GAACPagedAttentionCache517 is built by the engine inside gaac_hf.integrations.serving.gaac_serving")
+        check_engine_config(continuous_batching_config)
         if dtype != torch.bfloat16:
             raise ValueError(f"GAAC serving stores bfloat16 K/V losslessly; the model runs in {dtype}")
         layer_groups, group_types = tf_cache.group_layers_by_attn_type(config)

@@ -33,7 +33,7 @@ from transformers.generation.continuous_batching import cache as tf_cache
 from transformers.generation.continuous_batching.cache_allocators import FULL_ATTENTION, FullAttentionCacheAllocator
 
 from ...cache.pages import PageStore
-from .batch import BatchPages
+from .batch import BatchPages, check_engine_config
 
 
 class GAACFullAttentionAllocator(FullAttentionCacheAllocator):
@@ -133,6 +133,7 @@ class GAACPagedAttentionCache(tf_cache.PagedAttentionCache):
         settings = self._gaac
         if not settings:
             raise RuntimeError("GAACPagedAttentionCache is built by the engine inside gaac_hf.integrations.serving.gaac_serving")
+        check_engine_config(continuous_batching_config)
         layer_types = tf_cache.group_layers_by_attn_type(config)
         if FULL_ATTENTION not in layer_types:
             raise ValueError("GAAC serving compresses full-attention layers; this model has none")
