@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import sys
 
 from . import DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_REQUESTS, DEFAULT_SLOT_FRACTION, gaac_serving
+
+logger = logging.getLogger("gaac_hf.serving")
 
 
 @contextlib.contextmanager
@@ -36,6 +39,8 @@ def gaac_server(calibration, *, kv_budget_bytes: int, slot_fraction: float = DEF
             self, calibration, kv_budget_bytes=kv_budget_bytes, slot_fraction=slot_fraction, open_pages=open_pages,
             max_batch_tokens=tokens, max_requests_per_batch=max_requests_per_batch))
         sessions.append(session)
+        logger.info("GAAC pages for %s: %d blocks of %d tokens, %d open BF16 pages, %d-byte slots", type(self).__name__,
+                    session.config.num_blocks, session.page_size, session.open_pages, session.slot_bytes)
         return original(self, generation_config, session.config, **kwargs)
 
     ContinuousMixin.init_continuous_batching = init_continuous_batching
@@ -66,6 +71,10 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(ours)
     if args.kv_budget_gb <= 0:
         ap.error("--kv-budget-gb must be positive")
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("[gaac-serve] %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
     if "--continuous-batching" not in rest:
         rest = ["--continuous-batching", *rest]
     with gaac_server(args.calibration, kv_budget_bytes=int(args.kv_budget_gb * (1 << 30)), slot_fraction=args.slot_fraction,
