@@ -199,8 +199,14 @@ def test_gaac_serving_errors(smollm2):
     with pytest.raises(RuntimeError, match="supports transformers 5.17, 5.23, 5.24.*this is 5.19.0"):
         check_version("5.19.0")
     check_version("5.17.0")
-    with pytest.raises(ValueError, match="not both or neither"):
+    with pytest.raises(ValueError, match="pass one of kv_budget_bytes"):
         with gaac_serving(model, "smollm2-135m"):
+            pass
+    with pytest.raises(ValueError, match="pass one of kv_budget_bytes"):
+        with gaac_serving(model, "smollm2-135m", kv_budget_bytes=1 << 30, num_blocks=4):
+            pass
+    with pytest.raises(ValueError, match="needs a model on a CUDA device"):
+        with gaac_serving(model, "smollm2-135m", free_memory_fraction=0.5):
             pass
     with pytest.raises(ValueError, match=r"does not cover \d+ open BF16 pages"):
         with gaac_serving(model, "smollm2-135m", kv_budget_bytes=1 << 20, page_size=64):

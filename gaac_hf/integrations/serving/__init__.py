@@ -122,6 +122,17 @@ def bf16_serving_config(model, kv_budget_bytes: int, **overrides) -> ContinuousB
     return _engine_config(kw, kv_budget_bytes // block)
 
 
+def _free_memory_budget(model, fraction: float) -> int:
+    """``fraction`` of the free memory of the model's CUDA device, in bytes."""
+    if not 0 < fraction <= 1:
+        raise ValueError(f"free_memory_fraction must be in (0, 1], got {fraction}")
+    device = getattr(model, "device", torch.device("cpu"))
+    if device.type != "cuda":
+        raise ValueError(f"free_memory_fraction needs a model on a CUDA device (this one is on {device}): pass kv_budget_bytes")
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(free * fraction)
+
+
 def _sizes(config, calibration, page: int, slot_fraction: float) -> dict:
     """Per-block byte sizes of the GAAC pool for this model."""
     from ...cache.cache import _resolve_table
@@ -138,6 +149,7 @@ def _sizes(config, calibration, page: int, slot_fraction: float) -> dict:
 
 @contextlib.contextmanager
 def gaac_serving(model, calibration, *, kv_budget_bytes: int | None = None, num_blocks: int | None = None,
+                 free_memory_fraction: float | None = None,
                  slot_fraction: float = DEFAULT_SLOT_FRACTION, open_pages: int | None = None, **overrides):
     """Serve ``model`` with GAAC pages inside the ``with`` block; yields a :class:`ServingSession`
     whose ``config`` (a ContinuousBatchingConfig) goes to ``generate_batch`` / the manager.
@@ -147,7 +159,10 @@ def gaac_serving(model, calibration, *, kv_budget_bytes: int | None = None, num_
             returns, bit for bit the BF16 K/V).
         calibration: the model's calibration table (a shipped name, a path, a CalibrationTable).
         kv_budget_bytes: bytes of the whole GAAC pool (slots + frames + entry table); or
-        num_blocks: the number of GAAC blocks instead (e.g. the BF16 engine's, to compare schedules).
+        num_blocks: the number of GAAC blocks instead (e.g. the BF16 engine's, to compare schedules); or
+        free_memory_fraction: the budget as this fraction of the model device's free memory now
+            (``torch.cuda.mem_get_info``; leave room for activations, as the engine's own
+            ``max_memory_percent`` does).
         slot_fraction: slot size as a fraction of a page's BF16 bytes (blocks that do not fit stay BF16).
         open_pages: BF16 frames for open blocks; default: enough for one batch of ``max_batch_tokens``
             new tokens plus one open block per request of a batch.
@@ -161,8 +176,10 @@ def gaac_serving(model, calibration, *, kv_budget_bytes: int | None = None, num_
                          "dtype=torch.bfloat16")
     if "use_cuda_graph" in overrides:
         raise ValueError("gaac_serving sets use_cuda_graph itself (a block's close runs host code between layers)")
-    if (kv_budget_bytes is None) == (num_blocks is None):
-        raise ValueError("pass kv_budget_bytes (the pool's bytes) or num_blocks (its blocks), not both or neither")
+    if sum(x is not None for x in (kv_budget_bytes, num_blocks, free_memory_fraction)) != 1:
+        raise ValueError("pass one of kv_budget_bytes (the pool's bytes), num_blocks (its blocks) or free_memory_fraction")
+    if free_memory_fraction is not None:
+        kv_budget_bytes = _free_memory_budget(model, free_memory_fraction)
     kw = _base_config(overrides)
     page = kw["page_size"]
     sz = _sizes(model.config.get_text_config(), calibration, page, slot_fraction)
