@@ -275,6 +275,11 @@ def main() -> None:
         print("RESULT " + json.dumps(res))
         return
     rows, load0 = [], os.getloadavg()[0]
+    # the checkout as the run starts: the results file is rewritten after each row, and that rewrite
+    # must not mark the later rows' provenance dirty
+    commit, dirty = harness.git_state()
+    if commit and not os.environ.get("GAAC_COMMIT"):
+        os.environ["GAAC_COMMIT"], os.environ["GAAC_DIRTY"] = commit, "1" if dirty else "0"
     for context in a.contexts:
         got = {}
         for kind in ("dynamic", "gaac", "none"):
