@@ -1,29 +1,40 @@
 """CPU decode speed and memory: DynamicCache + SDPA vs GAACCache (format v3, tiled C++ attention) on SmolLM2.
 
-For each context length and each cache, one fresh process (so ``ru_maxrss`` is that configuration's
-peak) loads SmolLM2-135M in BF16 with ``torch.set_num_threads(threads)``, prefills ``context``
-tokens of held-out WikiText-2 test text (repeated if short) in one forward, then runs ``steps``
-greedy decode steps (``model(next_token, cache)``), timing each. GAAC runs also time their stages:
-the tiled attention calls, the cache appends (tail writes, and the encoder when a block completes)
-during decode, and the appends (encoder) during the prefill. The reported ``s_per_token`` come from
-the GAAC process afterwards: a DynamicCache filled with the GAAC cache's decoded K/V (the same bits)
-and the GAAC cache take ``steps`` decode steps alternately, so both see the same machine load (the
-2-core development machine is shared); the separate-process step times are kept as well. The reported
-``prefill_s`` come likewise from a third process that alternates whole prefills of the two caches
-(order dynamic, gaac, gaac, dynamic, ...: ``--prefill-reps`` of each, after a short warm-up of both):
-medians, with the fastest (``prefill_s_min``), every time and the 1-minute load average before each.
+For each context length and each cache, one fresh process loads SmolLM2-135M in BF16 with
+``torch.set_num_threads(threads)``, prefills ``context`` tokens of held-out WikiText-2 test text
+(repeated if short) in one forward with ``logits_to_keep=1`` (what ``generate()`` passes: no
+[context, vocab] logits), then runs ``steps`` greedy decode steps (``model(next_token, cache)``), timing
+each. GAAC runs also time their stages: the tiled attention calls, the cache appends (tail writes, and
+the encoder when a block completes) during decode, and the appends (encoder) during the prefill. The
+reported ``s_per_token`` come from the GAAC process afterwards: a DynamicCache filled with the GAAC
+cache's decoded K/V (the same bits) and the GAAC cache take ``steps`` decode steps alternately, so both
+see the same machine load (the 2-core development machine is shared); the separate-process step times
+are kept as well. The reported ``prefill_s`` come likewise from another process that alternates whole
+prefills of the two caches (order dynamic, gaac, gaac, dynamic, ...: ``--prefill-reps`` of each, after a
+short warm-up of both): medians, with the fastest (``prefill_s_min``), every time and the 1-minute load
+average before each.
+
+Memory (``MEMORY_METHOD`` below, also written into the JSON): a third fresh process, kind ``none``, runs
+the same forwards without keeping any K/V (``use_cache=False``), so its peak RSS is the model's and its
+activations'. The peak RSS of the cache part of a cache kind is its process's peak RSS (``ru_maxrss``)
+minus the ``none`` process's (``cache_peak_rss_mb``): what holding that cache, its temporaries and its
+allocator leftovers added to the process at its worst moment. Beside it, the same difference of glibc's
+bytes in use (``mallinfo2``, sampled before and after every attention and MLP module and inside the GAAC
+encoder's pack, while its buffer is alive: ``cache_peak_alloc_mb``), and the bytes the cache's own
+tensors hold after the last step (``cache_mb``; GAAC: ``stats()["allocated_bytes"]``).
 
 Writes ``eval/results/cpu_decode_smollm2.json`` (``rows``: ``context``, ``s_per_token`` {dynamic, gaac}
-(median step; ``s_per_token_min`` the fastest: the machine may be shared, so the 1-minute load
-average after each run is recorded too), ``prefill_s`` {dynamic, gaac}, ``peak_rss_mb`` {dynamic, gaac}, ``cache_mb`` {dynamic,
-gaac} (bytes the cache's tensors hold after the last step; GAAC: ``stats()["allocated_bytes"]``),
-``gaac_stages`` and ratios) and a PNG plot beside it.
+(median step; ``s_per_token_min`` the fastest; the 1-minute load average after each run is recorded
+too), ``prefill_s`` {dynamic, gaac}, ``peak_rss_mb`` {dynamic, gaac, none}, ``cache_peak_rss_mb`` and
+``cache_peak_alloc_mb`` {dynamic, gaac}, ``cache_mb`` {dynamic, gaac}, ``gaac_stages`` and ratios) and a
+PNG plot beside it.
 
     python eval/bench_cpu_decode.py [--contexts 1024 4096 16384] [--steps 16] [--threads 2] [--prefill-reps N]
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import resource
@@ -37,6 +48,47 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results" / "cpu_decode_smollm2.json"
+MEMORY_METHOD = ("one fresh process per cache kind and context, same prompt and forwards; peak_rss_mb: that process's "
+                 "ru_maxrss; cache_peak_rss_mb[kind] = peak_rss_mb[kind] - peak_rss_mb['none'], where kind 'none' runs "
+                 "the same forwards with use_cache=False (the model and its activations, no K/V kept); "
+                 "cache_peak_alloc_mb: the same difference of glibc mallinfo2 bytes in use (uordblks + hblkhd), "
+                 "sampled before/after every self_attn and mlp module and inside GAAC's pack_kv; cache_mb: bytes of "
+                 "the cache's tensors after the last step. Prefills use logits_to_keep=1, as generate() does.")
+
+
+def timed(fn, stages: dict, key: str):
+    """``fn`` adding its wall time to ``stages[key]``."""
+    def wrap(*a, **k):
+        t = time.perf_counter()
+        try:
+            return fn(*a, **k)
+        finally:
+            stages[key] += time.perf_counter() - t
+    return wrap
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+                                                "uordblks", "fordblks", "keepcost")]
+
+
+def alloc_sampler(model) -> dict:
+    """Hooks that keep ``peak["bytes"]``: the most bytes glibc had in use at any sample point (before and
+    after every self_attn and mlp module of ``model``; callers add their own points with ``peak["sample"]``)."""
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = _MallInfo2
+    peak = {"bytes": 0}
+
+    def sample(*_):
+        m = libc.mallinfo2()
+        peak["bytes"] = max(peak["bytes"], m.uordblks + m.hblkhd)
+
+    for layer in model.model.layers:
+        for mod in (layer.self_attn, layer.mlp):
+            mod.register_forward_pre_hook(sample)
+            mod.register_forward_hook(sample)
+    peak["sample"] = sample
+    return peak
 
 
 def _tokens(tok, n: int):
@@ -52,13 +104,14 @@ def _tokens(tok, n: int):
 
 
 def child(kind: str, context: int, steps: int, threads: int) -> dict:
-    """One configuration in this process; returns its measurements."""
+    """One configuration in this process (kind dynamic, gaac or none); returns its measurements."""
     import torch
     from transformers import DynamicCache
 
     import gaac_hf
     import gaac_hf.cache.layer as layer_mod
     import gaac_hf.cache.tiled as tiled
+    import gaac_hf.kernels.cpu.native as native
     from gaac_hf.models import load_smollm2
 
     torch.set_num_threads(threads)
@@ -66,28 +119,22 @@ def child(kind: str, context: int, steps: int, threads: int) -> dict:
     gaac_hf.register()
     ids = _tokens(tok, context)
     stages = {"attention": 0.0, "append": 0.0}
-
-    def timed(fn, key):
-        def wrap(*a, **k):
-            t = time.perf_counter()
-            try:
-                return fn(*a, **k)
-            finally:
-                stages[key] += time.perf_counter() - t
-        return wrap
+    peak = alloc_sampler(model)
 
     if kind == "gaac":
         model.set_attn_implementation("gaac")
         cache = gaac_hf.GAACCache(model.config, calibration="smollm2-135m", format_version=3)
-        tiled.tiled_attention = timed(tiled.tiled_attention, "attention")
-        layer_mod.GAACLayer.append = timed(layer_mod.GAACLayer.append, "append")
+        tiled.tiled_attention = timed(tiled.tiled_attention, stages, "attention")
+        layer_mod.GAACLayer.append = timed(layer_mod.GAACLayer.append, stages, "append")
+        pack = native.pack_kv
+        native.pack_kv = lambda *a, **k: (peak["sample"](), pack(*a, **k))[1]  # the encoder's buffer is alive here
     else:
         model.set_attn_implementation("sdpa")
-        cache = DynamicCache(config=model.config)
+        cache = DynamicCache(config=model.config) if kind == "dynamic" else None
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     with torch.no_grad():
         t = time.perf_counter()
-        out = model(ids, past_key_values=cache, use_cache=True)
+        out = model(ids, past_key_values=cache, use_cache=cache is not None, logits_to_keep=1)
         prefill = time.perf_counter() - t
         prefill_stages = dict(stages)
         stages.update(attention=0.0, append=0.0)
@@ -96,17 +143,20 @@ def child(kind: str, context: int, steps: int, threads: int) -> dict:
         times = []
         for _ in range(steps):
             t = time.perf_counter()
-            out = model(nxt, past_key_values=cache, use_cache=True)
+            out = model(nxt, past_key_values=cache, use_cache=cache is not None)
             times.append(time.perf_counter() - t)
             nxt = out.logits[:, -1:].argmax(-1)
+            del out
     if kind == "gaac":
         cache_bytes = cache.stats()["allocated_bytes"] + cache.stats()["stock_layer_bytes"]
-    else:
+    elif kind == "dynamic":
         cache_bytes = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
+    else:
+        cache_bytes = 0
     res = {"prefill_s": prefill, "step_s": times, "s_per_token": statistics.median(times), "s_per_token_min": min(times),
            "loadavg_1min_after": os.getloadavg()[0],
            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "rss_after_load_mb": rss0,
-           "cache_mb": cache_bytes / 2**20}
+           "peak_alloc_mb": peak["bytes"] / 2**20, "cache_mb": cache_bytes / 2**20}
     if kind == "gaac":
         res["stages"] = {"prefill_append_s": prefill_stages["append"],
                          "decode_attention_s_per_step": stages["attention"] / steps,
@@ -165,7 +215,7 @@ def prefill_child(context: int, reps: int, threads: int) -> dict:
             model.set_attn_implementation("sdpa")
             cache = DynamicCache(config=model.config)
         t = time.perf_counter()
-        out = model(x, past_key_values=cache, use_cache=True)
+        out = model(x, past_key_values=cache, use_cache=True, logits_to_keep=1)
         dt = time.perf_counter() - t
         del out, cache
         return dt
@@ -197,9 +247,10 @@ def plot(rows: list[dict], path: Path) -> None:
     ctx = [r["context"] for r in rows]
     for kind in ("dynamic", "gaac"):
         ax[0].plot(ctx, [r["s_per_token"][kind] for r in rows], "o-", label=kind)
-        ax[1].plot(ctx, [r["cache_mb"][kind] for r in rows], "o-", label=kind)
+        ax[1].plot(ctx, [r["cache_peak_rss_mb"][kind] for r in rows], "o-", label=f"{kind}: peak RSS of the cache part")
+        ax[1].plot(ctx, [r["cache_mb"][kind] for r in rows], "x--", label=f"{kind}: cache tensors after the steps")
     ax[0].set(xscale="log", xlabel="context (tokens)", ylabel="s per generated token", title="decode step, 2 threads")
-    ax[1].set(xscale="log", xlabel="context (tokens)", ylabel="MiB", title="KV cache bytes")
+    ax[1].set(xscale="log", xlabel="context (tokens)", ylabel="MiB", title="cache memory")
     for a in ax:
         a.legend()
         a.grid(alpha=0.3)
@@ -214,7 +265,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prefill-reps", type=int, default=None,
-                    help="interleaved prefills of each cache (default 5, 3 from 16K tokens on)")
+                    help="interleaved prefills of each cache (default 4, 2 from 16K tokens on: whole ABBA rounds)")
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--child", nargs=2, metavar=("KIND", "CONTEXT"))
     a = ap.parse_args()
@@ -223,34 +274,46 @@ def main() -> None:
         res = prefill_child(context, a.prefill_reps, a.threads) if kind == "prefill" else child(kind, context, a.steps, a.threads)
         print("RESULT " + json.dumps(res))
         return
-    rows = []
+    rows, load0 = [], os.getloadavg()[0]
+    # the checkout as the run starts: the results file is rewritten after each row, and that rewrite
+    # must not mark the later rows' provenance dirty
+    commit, dirty = harness.git_state()
+    if commit and not os.environ.get("GAAC_COMMIT"):
+        os.environ["GAAC_COMMIT"], os.environ["GAAC_DIRTY"] = commit, "1" if dirty else "0"
     for context in a.contexts:
         got = {}
-        for kind in ("dynamic", "gaac"):
+        for kind in ("dynamic", "gaac", "none"):
             got[kind] = _run_child(["--child", kind, str(context), "--steps", str(a.steps), "--threads", str(a.threads)])
             print(context, kind, {k: v for k, v in got[kind].items() if k not in ("step_s", "interleaved")}, flush=True)
-        reps = a.prefill_reps or (5 if context < 16384 else 3)
+        reps = a.prefill_reps or (4 if context < 16384 else 2)
         pre = _run_child(["--child", "prefill", str(context), "--prefill-reps", str(reps), "--threads", str(a.threads)])
         print(context, "prefill", pre["prefill_s"], pre["prefill_s_min"], flush=True)
-        pair = lambda key: {k: got[k][key] for k in got}  # noqa: E731
+        pair = lambda key: {k: got[k][key] for k in ("dynamic", "gaac")}  # noqa: E731
+        over_none = lambda key: {k: got[k][key] - got["none"][key] for k in ("dynamic", "gaac")}  # noqa: E731
         inter = got["gaac"].pop("interleaved")
         rows.append({"context": context, "s_per_token": inter["s_per_token"], "s_per_token_min": inter["s_per_token_min"],
                      "step_s": inter["step_s"], "separate_process_s_per_token": pair("s_per_token"),
                      "separate_process_s_per_token_min": pair("s_per_token_min"), "prefill_s": pre["prefill_s"],
                      "prefill_s_min": pre["prefill_s_min"], "prefill_interleaved": pre,
                      "separate_process_prefill_s": pair("prefill_s"),
-                     "peak_rss_mb": pair("peak_rss_mb"), "rss_after_load_mb": pair("rss_after_load_mb"),
+                     "peak_rss_mb": pair("peak_rss_mb") | {"none": got["none"]["peak_rss_mb"]},
+                     "cache_peak_rss_mb": over_none("peak_rss_mb"), "cache_peak_alloc_mb": over_none("peak_alloc_mb"),
+                     "peak_alloc_mb": pair("peak_alloc_mb") | {"none": got["none"]["peak_alloc_mb"]},
+                     "rss_after_load_mb": pair("rss_after_load_mb"),
                      "cache_mb": pair("cache_mb"), "loadavg_1min_after": pair("loadavg_1min_after") | {"interleaved": inter["loadavg_1min_after"]},
                      "gaac_stages": got["gaac"]["stages"],
                      "decode_vs_dynamic": inter["s_per_token"]["gaac"] / inter["s_per_token"]["dynamic"],
                      "decode_min_vs_dynamic_min": inter["s_per_token_min"]["gaac"] / inter["s_per_token_min"]["dynamic"],
                      "prefill_vs_dynamic": pre["prefill_s"]["gaac"] / pre["prefill_s"]["dynamic"],
                      "prefill_min_vs_dynamic_min": pre["prefill_s_min"]["gaac"] / pre["prefill_s_min"]["dynamic"],
-                     "cache_vs_dynamic": got["gaac"]["cache_mb"] / got["dynamic"]["cache_mb"]})
+                     "cache_vs_dynamic": got["gaac"]["cache_mb"] / got["dynamic"]["cache_mb"],
+                     "cache_peak_rss_vs_dynamic": ((got["gaac"]["peak_rss_mb"] - got["none"]["peak_rss_mb"])
+                                                   / (got["dynamic"]["peak_rss_mb"] - got["none"]["peak_rss_mb"]))})
         out = Path(a.out)
         harness.write_result(out, {"rows": rows, "threads": a.threads, "steps": a.steps, "model": "SmolLM2-135M-Instruct (bf16)",
                                    "gaac": "GAACCache(format_version=3, calibration='smollm2-135m'), gaac attention (tiled C++)",
-                                   "dynamic": "DynamicCache + sdpa"})
+                                   "dynamic": "DynamicCache + sdpa", "memory_method": MEMORY_METHOD,
+                                   "loadavg_1min_start": load0})
     plot(rows, Path(a.out).with_suffix(".png"))
 
 

@@ -120,6 +120,74 @@ def test_attention_masks_left_padding_and_gqa_rows():
     assert (out[:, -1].double() - ref).abs().max() <= 2 ** -7 * ref.abs().max().clamp(min=1)
 
 
+# Full tiles of the default block size and larger: the register-blocked QK (blocks of 64 positions)
+# and PV (blocks of 64 channels) and their remainders (a short tail tile, D = 80, D = 96), and the K
+# transpose (16 x 16 blocks in AVX-512 registers, the scalar loop for rows past them or D % 16 != 0)
+BLOCKED_CASES = [(64, 64, 37), (128, 64, 0), (64, 80, 50), (32, 128, 20), (64, 96, 63)]
+
+
+def _blocked_check(t, d, tl, lib=None):
+    """float32 outputs of the library (``lib``, else the loaded one) vs the reference, several splits."""
+    b, h, rep, nb, sq = 1, 2, 3, 3, 2
+    kv, used, (k, v) = paged_case(b, h, t, d, nb, tl, seed=t + d + tl)
+    q = torch.randn(b, h * rep, sq, d, generator=torch.Generator().manual_seed(d)).bfloat16()
+    for split in (1, 2):
+        ref = tiled_attention_reference(q, k, v, 0.125, t, split, out_dtype=torch.float32)
+        if lib is not None:
+            prev, native._STATE["lib"] = native._STATE.get("lib"), lib
+        try:
+            out = native.attention_v3(q, kv, used, 0.125, split, float_out=True)
+        finally:
+            if lib is not None:
+                native._STATE["lib"] = prev
+        assert torch.equal(out.view(torch.int32), ref.view(torch.int32)), (t, d, tl, split)
+
+
+@pytest.mark.parametrize("t,d,tl", BLOCKED_CASES)
+def test_attention_full_tiles_are_the_reference_bit_for_bit(t, d, tl):
+    _blocked_check(t, d, tl)
+
+
+def test_attention_portable_build_is_the_reference_bit_for_bit(tmp_path):
+    """The library as it builds on a CPU without AVX-512 (the scalar transpose, 256-bit vectors):
+    the same bits."""
+    text = (native.HERE / "gaac_cpu.cpp").read_text()
+    lib = _build_variant(tmp_path, text, (*native.FLAGS, "-mno-avx512f"))
+    for case in BLOCKED_CASES[:3]:
+        _blocked_check(*case, lib=lib)
+
+
+# (text, replacement): each must make the full-tile check fail
+BLOCKED_MUTATIONS = [
+    ("x[4 * i + 2], 0x44);\n          r[4 * i + 1]", "x[4 * i + 2], 0xEE);\n          r[4 * i + 1]"),  # transpose
+    ("for (int j = 0; j < 16; ++j) _mm512_storeu_ps(kT + (size_t)(d0 + j) * T + t0, r[j]);",
+     "for (int j = 0; j < 16; ++j) _mm512_storeu_ps(kT + (size_t)(d0 + j) * T + t0, r[j ^ 1]);"),  # column order
+    ("      for (int j = 0; j < RB; ++j) acc[j] = acc[j] + qd * kr[j];",
+     "      for (int j = 0; j < RB; ++j) acc[j] = acc[j] + qd * kr[j ^ 1];"),  # QK block reads wrong positions
+    ("    for (int d = 0; d < D; ++d) {\n      const float qd = q[d];\n      const float* kr = kT + (size_t)d * T + t0;",
+     "    for (int d = D - 1; d >= 0; --d) {\n      const float qd = q[d];\n      const float* kr = kT + (size_t)d * T + t0;"),  # QK order
+    ("    for (int t = 0; t < n; ++t) {\n      const float pt = p[t];\n      const float* vr = vf + (size_t)t * D + d0;",
+     "    for (int t = n - 1; t >= 0; --t) {\n      const float pt = p[t];\n      const float* vr = vf + (size_t)t * D + d0;"),  # PV order
+    ("  for (int d = d0; d < D; ++d) acc_out[d] = 0.0f;\n", "  for (int d = d0; d < D; ++d) acc_out[d] = 1.0f;\n"),  # PV remainder
+]
+
+
+@pytest.mark.parametrize("old,new", BLOCKED_MUTATIONS)
+def test_mutated_blocked_attention_is_caught(tmp_path, old, new):
+    text = (native.HERE / "gaac_cpu.cpp").read_text()
+    assert text.count(old) == 1
+    if "_mm512" in old and not _has_flag("avx512f"):
+        pytest.skip("this CPU has no AVX-512: the library does not build that transpose")
+    lib = _build_variant(tmp_path, text.replace(old, new))
+    caught = 0
+    for case in BLOCKED_CASES:
+        try:
+            _blocked_check(*case, lib=lib)
+        except AssertionError:
+            caught += 1
+    assert caught, "a mutated tiled attention passed every full-tile check"
+
+
 def _build_variant(tmp_path, text: str, flags=native.FLAGS):
     src = tmp_path / "gaac_cpu.cpp"
     src.write_text(text)
@@ -151,11 +219,15 @@ def test_mutated_kernel_breaks_bit_identity(tmp_path, monkeypatch, old, new, fla
     assert not torch.equal(out.view(torch.int32), ref.view(torch.int32))
 
 
-def _has_fma() -> bool:
+def _has_flag(flag: str) -> bool:
     try:
-        return " fma " in open("/proc/cpuinfo").read().replace("\n", " ")
+        return f" {flag} " in open("/proc/cpuinfo").read().replace("\n", " ")
     except OSError:
         return False
+
+
+def _has_fma() -> bool:
+    return _has_flag("fma")
 
 
 def test_no_compiler_warns_once_and_returns_none(monkeypatch):

@@ -19,6 +19,9 @@
 #if defined(_OPENMP)
 #include <omp.h>
 #endif
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 using namespace gaac_v3;
 
@@ -127,6 +130,94 @@ const uint16_t* load_tile(const Geom& g, const Paged& p, int H, int b, int h, in
   if (check_block(g, p.pool + off, p.pool_bytes - off)) return nullptr;
   decode_block(g, p.pool + off, p.b8p + (size_t)h * g.D / 2, p.dbp + (size_t)h * g.D / 2, buf, g.D / 2);
   return reinterpret_cast<const uint16_t*>(buf);
+}
+
+// The K tile (BF16 rows kt[t * D + d], n rows) as float columns kT[d * T + t], the layout the QK loop
+// runs over t in. Data movement only (no rounding anywhere): 16 x 16 transposes in registers where
+// AVX-512 is there, the scalar loop for the rest (and everywhere without it).
+inline void transpose_k(const uint16_t* kt, int n, int D, int T, float* kT) {
+  int t0 = 0;
+#if defined(__AVX512F__)
+  if (D % 16 == 0)
+    for (; t0 + 16 <= n; t0 += 16)
+      for (int d0 = 0; d0 < D; d0 += 16) {
+        __m512 r[16], x[16];
+        for (int i = 0; i < 16; ++i) {  // row t0 + i, channels d0 .. d0 + 15, as floats (bf16_f)
+          const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kt + (size_t)(t0 + i) * D + d0));
+          r[i] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+        }
+        for (int i = 0; i < 8; ++i) {
+          x[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+          x[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+        }
+        for (int i = 0; i < 4; ++i) {
+          r[4 * i] = _mm512_shuffle_ps(x[4 * i], x[4 * i + 2], 0x44);
+          r[4 * i + 1] = _mm512_shuffle_ps(x[4 * i], x[4 * i + 2], 0xEE);
+          r[4 * i + 2] = _mm512_shuffle_ps(x[4 * i + 1], x[4 * i + 3], 0x44);
+          r[4 * i + 3] = _mm512_shuffle_ps(x[4 * i + 1], x[4 * i + 3], 0xEE);
+        }
+        for (int g8 = 0; g8 < 16; g8 += 8)
+          for (int i = g8; i < g8 + 4; ++i) {
+            x[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
+            x[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xDD);
+          }
+        for (int i = 0; i < 8; ++i) {
+          r[i] = _mm512_shuffle_f32x4(x[i], x[i + 8], 0x88);
+          r[i + 8] = _mm512_shuffle_f32x4(x[i], x[i + 8], 0xDD);
+        }
+        for (int j = 0; j < 16; ++j) _mm512_storeu_ps(kT + (size_t)(d0 + j) * T + t0, r[j]);  // column d0 + j
+      }
+#endif
+  for (int t = t0; t < n; ++t)
+    for (int d = 0; d < D; ++d) kT[(size_t)d * T + t] = bf16_f(kt[(size_t)t * D + d]);
+}
+
+// Positions (QK) or channels (PV) per register block: 4 vectors of 16 floats, so that consecutive
+// adds of a block do not wait on each other.
+constexpr int RB = 64;
+
+// s[t] = sum over d = 0 .. D-1, in that order, of q[d] * kT[d * T + t] (float32, each product and
+// sum rounded once: the reference's order). Blocks of RB positions keep their sums in registers.
+inline void qk_scores(const float* q, const float* kT, int n, int D, int T, float* s) {
+  int t0 = 0;
+  for (; t0 + RB <= n; t0 += RB) {
+    float acc[RB];
+    for (int j = 0; j < RB; ++j) acc[j] = 0.0f;
+    for (int d = 0; d < D; ++d) {
+      const float qd = q[d];
+      const float* kr = kT + (size_t)d * T + t0;
+      for (int j = 0; j < RB; ++j) acc[j] = acc[j] + qd * kr[j];
+    }
+    for (int j = 0; j < RB; ++j) s[t0 + j] = acc[j];
+  }
+  for (int t = t0; t < n; ++t) s[t] = 0.0f;
+  for (int d = 0; d < D && t0 < n; ++d) {
+    const float qd = q[d];
+    const float* kr = kT + (size_t)d * T;
+    for (int t = t0; t < n; ++t) s[t] = s[t] + qd * kr[t];
+  }
+}
+
+// acc[d] = sum over t = 0 .. n-1, in that order, of p[t] * vf[t * D + d] (the reference's order),
+// in blocks of RB channels held in registers.
+inline void pv_sums(const float* p, const float* vf, int n, int D, float* acc_out) {
+  int d0 = 0;
+  for (; d0 + RB <= D; d0 += RB) {
+    float acc[RB];
+    for (int j = 0; j < RB; ++j) acc[j] = 0.0f;
+    for (int t = 0; t < n; ++t) {
+      const float pt = p[t];
+      const float* vr = vf + (size_t)t * D + d0;
+      for (int j = 0; j < RB; ++j) acc[j] = acc[j] + pt * vr[j];
+    }
+    for (int j = 0; j < RB; ++j) acc_out[d0 + j] = acc[j];
+  }
+  for (int d = d0; d < D; ++d) acc_out[d] = 0.0f;
+  for (int t = 0; t < n && d0 < D; ++t) {
+    const float pt = p[t];
+    const float* vr = vf + (size_t)t * D;
+    for (int d = d0; d < D; ++d) acc_out[d] = acc_out[d] + pt * vr[d];
+  }
 }
 
 }  // namespace
@@ -322,19 +413,13 @@ long long gaac_v3_attention(int T, int D, int B, int H, int n_rep, int Sq, const
         while ((cur == 0 || cur > want) && !bad.compare_exchange_weak(cur, want)) {}
         return;
       }
-      for (int t = 0; t < n; ++t)
-        for (int d = 0; d < D; ++d) kT[(size_t)d * T + t] = bf16_f(kt[(size_t)t * D + d]);
+      transpose_k(kt, n, D, T, kT);
       for (int t = 0; t < n; ++t)
         for (int d = 0; d < D; ++d) vf[(size_t)t * D + d] = bf16_f(vt[(size_t)t * D + d]);
       for (int u = 0; u < U; ++u) {
         const int iq = u / n_rep, hq = h * n_rep + u % n_rep;
         const float* qv = &qs[(((size_t)b * Hq + hq) * Sq + iq) * D];
-        for (int t = 0; t < n; ++t) s[t] = 0.0f;
-        for (int d = 0; d < D; ++d) {
-          const float qd = qv[d];
-          const float* kr = kT + (size_t)d * T;
-          for (int t = 0; t < n; ++t) s[t] = s[t] + qd * kr[t];
-        }
+        qk_scores(qv, kT, n, D, T, s);
         if (mask) {
           const uint8_t* mr = mask + ((size_t)b * Sq + iq) * mask_len;
           for (int t = 0; t < n; ++t) vis[t] = (pos0 + t < mask_len && mr[pos0 + t]) ? 1.0f : 0.0f;
@@ -351,12 +436,7 @@ long long gaac_v3_attention(int T, int D, int B, int H, int n_rep, int Sq, const
         for (int t = 0; t < n; ++t) pr[t] = vis[t] != 0.0f ? exp_neg(s[t] - m_new) : 0.0f;
         float ls = 0.0f;
         for (int t = 0; t < n; ++t) ls = ls + pr[t];
-        for (int d = 0; d < D; ++d) pvacc[d] = 0.0f;
-        for (int t = 0; t < n; ++t) {
-          const float pt = pr[t];
-          const float* vr = vf + (size_t)t * D;
-          for (int d = 0; d < D; ++d) pvacc[d] = pvacc[d] + pt * vr[d];
-        }
+        pv_sums(pr, vf, n, D, pvacc);
         st[0] = m_new;
         st[1] = st[1] * alpha + ls;
         for (int d = 0; d < D; ++d) st[2 + d] = st[2 + d] * alpha + pvacc[d];

@@ -28,7 +28,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 CORE = HERE.parent / "cuda" / "gaac_v3"
 SOURCES = (HERE / "gaac_cpu.cpp", CORE / "host_block.h", CORE / "core.cuh")
-FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-std=c++17", "-shared", "-fPIC", "-pthread")
+FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-ffp-contract=off", "-fno-fast-math", "-std=c++17", "-shared", "-fPIC", "-pthread")
 #: OpenMP, when the compiler has it: the library's threads are then torch's own OpenMP pool
 OPENMP = ("-fopenmp",)
 ABI = 3
