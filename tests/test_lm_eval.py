@@ -84,8 +84,7 @@ def test_model_registered_only_by_its_module():
 ENTRY_POINT_RUN = """
 import importlib.metadata as md, json, sys
 import lm_eval, lm_eval.api.registry as r
-from lm_eval.tasks import TaskManager
-from gaac_hf.integrations.lm_eval import TASKS_DIR
+from gaac_hf.integrations.lm_eval import task_manager
 
 # what lm-eval releases after 0.4.13 do with the `lm_eval.models` group (0.4.13's registry already takes
 # EntryPoint placeholders; it only does not scan the group itself)
@@ -95,7 +94,7 @@ for ep in eps:
 before = "gaac_hf.integrations.lm_eval.model" in sys.modules
 cls = r.get_model("hf-gaac")
 res = lm_eval.simple_evaluate(model="hf-gaac", model_args=sys.argv[1], tasks=["gaac_piqa"], limit=1,
-                              task_manager=TaskManager(include_path=str(TASKS_DIR)), bootstrap_iters=0,
+                              task_manager=task_manager(["gaac_piqa"]), bootstrap_iters=0,
                               verbosity="WARNING")
 print(json.dumps({"entry_points": [ep.value for ep in eps], "imported_before_lookup": before,
                   "cls": f"{cls.__module__}:{cls.__qualname__}", "model": res["config"]["model"],
