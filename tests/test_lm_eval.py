@@ -132,6 +132,17 @@ def test_shipped_entry_point_matches_setup_cfg():
     assert declared == {"hf-gaac": "gaac_hf.integrations.lm_eval.model:GAACLM"} and found == declared
 
 
+def test_shipped_tasks_skip_lm_eval_task_index():
+    """Only shipped tasks asked for: lm-eval's own task index is not built (parity, gaac-lm-eval); any other
+    task name brings it back."""
+    from gaac_hf.integrations.lm_eval import cli, only_shipped, task_manager
+
+    assert only_shipped(["gaac_piqa", "gaac_wikitext"]) and not only_shipped(["gaac_piqa", "hellaswag"])
+    assert set(task_manager(["gaac_piqa"]).all_tasks) == {"gaac_piqa", "gaac_gsm8k", "gaac_humaneval", "gaac_wikitext"}
+    assert cli._option(["--model", "hf-gaac", "--tasks", "a,b", "--limit", "2"], "--tasks") == "a,b"
+    assert cli._option(["--tasks=gaac_piqa"], "--tasks") == "gaac_piqa" and cli._option(["--limit", "2"], "--tasks") is None
+
+
 def test_comparison_is_exact(parity):
     x = -12.5
     assert parity.same([[(x, True)]], [[(float("-12.5"), True)]])
