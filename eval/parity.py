@@ -26,6 +26,7 @@ per-task keys say ``fp8`` where a BF16 run says ``bf16``. Writes ``eval/results/
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -35,7 +36,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-from gaac_hf.integrations.lm_eval import TASKS_DIR  # noqa: E402  (the shipped tasks, package data)
+from gaac_hf.integrations.lm_eval import task_manager  # noqa: E402  (the shipped tasks, package data)
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # eval/harness.py, also when loaded by path
 import harness  # noqa: E402
 DEFAULT_TASKS = ("gaac_piqa", "gaac_gsm8k", "gaac_humaneval", "gaac_wikitext")
@@ -118,14 +119,32 @@ def _metrics(task_result: dict) -> dict:
 # ---------------------------------------------------------------------------------------------
 # runs
 # ---------------------------------------------------------------------------------------------
-def _run_task(lm, task: str, limit: int | None, task_manager, gen_kwargs: str | None) -> tuple[dict, list, float]:
+@contextlib.contextmanager
+def _without_env_info():
+    """``simple_evaluate`` ends with lm-eval's ``add_env_info`` (torch's environment report: ``pip list``
+    and more in subprocesses, 1-2 s a call). This script keeps only the results and samples and records
+    its own versions (``_versions``), so that report is skipped while it runs."""
+    import lm_eval.evaluator as ev
+
+    orig = getattr(ev, "add_env_info", None)
+    if orig is not None:
+        ev.add_env_info = lambda results: None
+    try:
+        yield
+    finally:
+        if orig is not None:
+            ev.add_env_info = orig
+
+
+def _run_task(lm, task: str, limit: int | None, tm, gen_kwargs: str | None) -> tuple[dict, list, float]:
     import lm_eval
 
     t0 = time.time()
-    res = lm_eval.simple_evaluate(
-        model=lm, tasks=[task], task_manager=task_manager, limit=limit, log_samples=True,
-        bootstrap_iters=0, gen_kwargs=gen_kwargs, verbosity="WARNING",
-    )
+    with _without_env_info():
+        res = lm_eval.simple_evaluate(
+            model=lm, tasks=[task], task_manager=tm, limit=limit, log_samples=True,
+            bootstrap_iters=0, gen_kwargs=gen_kwargs, verbosity="WARNING",
+        )
     res["results"][task]["output_type"] = res["configs"][task]["output_type"]
     return res["results"][task], res["samples"][task], time.time() - t0
 
@@ -209,8 +228,6 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    from lm_eval.tasks import TaskManager
-
     from gaac_hf.integrations.lm_eval.model import GAACLM
 
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
@@ -226,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
                   kv_dtype=args.kv_dtype)
     # fused=False: GAAC's reference attention (decode + the stock SDPA) also on CUDA, where the fused
     # decode kernel would otherwise run for q_len == 1 (equal to SDPA only within bf16 tolerance).
-    tm = TaskManager(include_path=str(TASKS_DIR))
+    tm = task_manager(tasks)  # lm-eval's own task index only if a task is not shipped
     t0 = time.time()
     bf16 = GAACLM(gaac=False, **common, **({"calibration": args.calibration} if fp8 else {}))
     gaac = GAACLM(gaac=True, calibration=args.calibration, fused=False, **common)

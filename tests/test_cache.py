@@ -390,14 +390,17 @@ def test_special_values_survive_the_cache_bit_for_bit(model_tok, table, codec_pa
     pos = 0
     # prefill (4 blocks + tail), a token, a chunk completing 2 blocks, a token; every step after the
     # prefill decodes the earlier blocks. Sparse specials (0.05%) keep the prefill's blocks compressed,
-    # dense ones (2%) in the token and the chunk make blocks 4-5 special-heavy (raw fallbacks)
+    # dense ones (2%) in the token and the chunk make blocks 4-5 special-heavy (raw fallbacks).
+    # Each step checks what update() returns (what attention reads: blocks of earlier steps decoded
+    # from their slots, this step's from its input); the read after the loop decodes every block.
     for tokens, share in ((70, 0.0005), (1, 0.02), (30, 0.02), (1, 0.0005)):
         k = _with_specials(_windowed(table, 0, 2, tokens, g, 0.002, start=pos, raw_every=4), g, share)
         v = _with_specials(_windowed(table, 1, 2, tokens, g, 0.002), g, share)
         pos += tokens
-        cache.update(k, v, 0)
-        dyn.update(k, v, 0)
-        _assert_layer0_equal(cache, dyn)
+        got = cache.update(k, v, 0)
+        want = dyn.update(k, v, 0)
+        assert all(same_bits(a, b) for a, b in zip(got, want))
+    _assert_layer0_equal(cache, dyn)
     layer = cache.layers[0]
     assert layer.num_blocks > 0
     assert layer.pools[0].triton == (codec_path == "triton")

@@ -84,8 +84,7 @@ def test_model_registered_only_by_its_module():
 ENTRY_POINT_RUN = """
 import importlib.metadata as md, json, sys
 import lm_eval, lm_eval.api.registry as r
-from lm_eval.tasks import TaskManager
-from gaac_hf.integrations.lm_eval import TASKS_DIR
+from gaac_hf.integrations.lm_eval import task_manager
 
 # what lm-eval releases after 0.4.13 do with the `lm_eval.models` group (0.4.13's registry already takes
 # EntryPoint placeholders; it only does not scan the group itself)
@@ -95,7 +94,7 @@ for ep in eps:
 before = "gaac_hf.integrations.lm_eval.model" in sys.modules
 cls = r.get_model("hf-gaac")
 res = lm_eval.simple_evaluate(model="hf-gaac", model_args=sys.argv[1], tasks=["gaac_piqa"], limit=1,
-                              task_manager=TaskManager(include_path=str(TASKS_DIR)), bootstrap_iters=0,
+                              task_manager=task_manager(["gaac_piqa"]), bootstrap_iters=0,
                               verbosity="WARNING")
 print(json.dumps({"entry_points": [ep.value for ep in eps], "imported_before_lookup": before,
                   "cls": f"{cls.__module__}:{cls.__qualname__}", "model": res["config"]["model"],
@@ -131,6 +130,17 @@ def test_shipped_entry_point_matches_setup_cfg():
     declared = {k.strip(): v.strip() for k, v in declared.items()}
     found = {ep.name: ep.value for ep in md.entry_points(group="lm_eval.models") if ep.name in declared}
     assert declared == {"hf-gaac": "gaac_hf.integrations.lm_eval.model:GAACLM"} and found == declared
+
+
+def test_shipped_tasks_skip_lm_eval_task_index():
+    """Only shipped tasks asked for: lm-eval's own task index is not built (parity, gaac-lm-eval); any other
+    task name brings it back."""
+    from gaac_hf.integrations.lm_eval import cli, only_shipped, task_manager
+
+    assert only_shipped(["gaac_piqa", "gaac_wikitext"]) and not only_shipped(["gaac_piqa", "hellaswag"])
+    assert set(task_manager(["gaac_piqa"]).all_tasks) == {"gaac_piqa", "gaac_gsm8k", "gaac_humaneval", "gaac_wikitext"}
+    assert cli._option(["--model", "hf-gaac", "--tasks", "a,b", "--limit", "2"], "--tasks") == "a,b"
+    assert cli._option(["--tasks=gaac_piqa"], "--tasks") == "gaac_piqa" and cli._option(["--limit", "2"], "--tasks") is None
 
 
 def test_comparison_is_exact(parity):

@@ -1,7 +1,8 @@
 """Building a paged K or V cache from dense tensors, for tests and benchmarks of the attention kernels.
 
-:func:`pack_paged_kv` encodes complete blocks with the Triton encoder (byte-identical to the
-reference codec) and lays them out as the cache does; :func:`paged_kv` pairs a K and a V into the
+:func:`pack_paged_kv` encodes complete blocks with the Triton encoder on CUDA and with the reference
+codec elsewhere (the same bytes: ``tests/test_kernels_codec.py``; on the CPU Triton runs only through
+its interpreter, where the encoder is the slow part of building a case) and lays them out as the cache does; :func:`paged_kv` pairs a K and a V into the
 :class:`~gaac_hf.kernels.paged.PagedKV` that the attention kernels take.
 """
 from __future__ import annotations
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gaac_hf.codec import pack_escapes
+from gaac_hf.codec import encode_blocks, pack_escapes
 from gaac_hf.format import BlockGeometry
 
 from ..paged import PagedKV, PagedTensor
@@ -48,8 +49,8 @@ def pack_paged_kv(
 ) -> PackedTensor:
     """Dense bf16 ``[B, Hkv, S, D]`` (sequence b valid in ``[:seq_lens[b]]``) -> one K or V paged cache.
 
-    Complete blocks are encoded with the Triton encoder (``compress=False``: every block raw, the BF16
-    baseline's cache). Blocks that do not fit (``escape_limit``), and blocks where ``force_raw``
+    Complete blocks are encoded with the Triton encoder on CUDA, the reference codec elsewhere
+    (``compress=False``: every block raw, the BF16 baseline's cache). Blocks that do not fit (``escape_limit``), and blocks where ``force_raw``
     (bool, one per complete block in (b, h, i) order) is set, go to the raw pool; the escape streams
     of the compressed ones are packed into one heap (``codec.pack_escapes``).
     Without bases (``compress=False``) the pool's bases are zeros (never read by the BF16 kernel).
@@ -71,7 +72,8 @@ def pack_paged_kv(
         blk = torch.cat(blocks)
         if compress:
             heads = torch.cat([torch.arange(H, device=dev).repeat_interleave(nb) for nb in nbs])
-            enc = encode_blocks_triton(blk, base8[heads], base16[heads], geometry)
+            encode = encode_blocks_triton if blk.is_cuda else encode_blocks  # byte-identical
+            enc = encode(blk, base8[heads], base16[heads], geometry)
             fits = enc.fits.clone()
             if force_raw is not None:
                 fits &= ~force_raw.to(dev)
