@@ -27,20 +27,27 @@ def _bits(x):
     return x.contiguous().view(torch.int16)
 
 
+_REAL = {}
+
+
 def _real_pages(smollm2, wikitext_test, layers, pages, page):
-    """Real K and V pages [pages, P, H, D] of the given model layers (prompt from WikiText-2 test)."""
+    """Real K and V pages [pages, P, H, D] of the given model layers (prompt from WikiText-2 test; one
+    forward of 32 pages for the module, sliced per test)."""
     from transformers import DynamicCache
 
     model, tok = smollm2
-    ids = tok(wikitext_test[2000:2000 + 6 * pages * page], return_tensors="pt").input_ids[:, : pages * page]
-    assert ids.shape[1] == pages * page
-    cache = DynamicCache(config=model.config)
-    with torch.no_grad():
-        model(ids, past_key_values=cache)
+    if "cache" not in _REAL:
+        n = 32 * page
+        ids = tok(wikitext_test[2000:2000 + 6 * n], return_tensors="pt").input_ids[:, :n]
+        assert ids.shape[1] == n
+        _REAL["cache"] = DynamicCache(config=model.config)
+        with torch.no_grad():
+            model(ids, past_key_values=_REAL["cache"])
+    assert pages <= 32
     out = []
     for layer in layers:
-        kv = [getattr(cache.layers[layer], name)[0] for name in ("keys", "values")]  # [H, S, D]
-        out.append([x.view(x.shape[0], pages, page, x.shape[2]).permute(1, 2, 0, 3).contiguous() for x in kv])
+        kv = [getattr(_REAL["cache"].layers[layer], name)[0][:, : pages * page] for name in ("keys", "values")]  # [H, S, D]
+        out.append([x.reshape(x.shape[0], pages, page, x.shape[2]).permute(1, 2, 0, 3).contiguous() for x in kv])
     return out  # [layer][kind] -> [pages, P, H, D]
 
 
@@ -268,7 +275,7 @@ def test_gaac_serve_builds_gaac_managers_and_forwards_its_arguments(smollm2, mon
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
     from transformers.generation.continuous_batching.continuous_api import ContinuousMixin
 
-    from gaac_hf.integrations.serving import bf16_serving_config, serve
+    from gaac_hf.integrations.serving import serve
 
     model, _ = smollm2
     ids = [list(range(300, 420)), list(range(500, 590))]
@@ -279,10 +286,8 @@ def test_gaac_serve_builds_gaac_managers_and_forwards_its_arguments(smollm2, mon
                                    continuous_batching_config=ContinuousBatchingConfig(max_batch_tokens=256))
     assert ContinuousMixin.init_continuous_batching is before
     assert len(sessions) == 1 and sessions[0].config.max_batch_tokens == 256
-    assert sessions[0].stats()["closed_blocks"] >= 2
-    ref = model.generate_batch(inputs=ids, generation_config=gen, progress_bar=False, continuous_batching_config=(
-        bf16_serving_config(model, 96 << 20, max_batch_tokens=256, max_requests_per_batch=4)))
-    assert all(out[r].generated_tokens == ref[r].generated_tokens for r in ref)
+    assert sessions[0].stats()["closed_blocks"] >= 2  # (tokens vs the BF16 engine: test_generate_batch_matches...)
+    assert all(len(o.generated_tokens) == 12 and o.error is None for o in out.values())
 
     seen = {}
 
