@@ -266,17 +266,24 @@ class PageStore:
         return released
 
     # -- reading --------------------------------------------------------------------------------------
-    def read(self, layer_pos: int, blocks: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Decode the pages of layer position ``layer_pos`` of compressed ``blocks``: K, V BF16
+    def read(self, layer_pos: int, blocks) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decode the pages of layer position ``layer_pos`` of compressed ``blocks`` (a list, or the
+        int64 tensor of :meth:`block_ids`, which a caller reading every layer builds once): K, V BF16
         ``[n, P, H, D]`` (bit-exact: the format's contract)."""
-        lay, n = self.layout, len(blocks)
-        ids = torch.tensor(blocks, dtype=torch.int64, device=self.device)
+        lay = self.layout
+        ids = blocks if isinstance(blocks, torch.Tensor) else self.block_ids(blocks)
+        n = ids.numel()
+        heads = self._heads.repeat(n)
         out = []
         for kind in (0, 1):
             ent = self.entries[ids, layer_pos, kind].reshape(-1)
-            x = self._codecs[layer_pos][kind].decode_from(self.slots, self.slots.numel(), ent, self._heads.repeat(n))
+            x = self._codecs[layer_pos][kind].decode_from(self.slots, self.slots.numel(), ent, heads)
             out.append(x.view(n, lay.kv_heads, lay.page_size, lay.head_dim).permute(0, 2, 1, 3))
         return out[0], out[1]
+
+    def block_ids(self, blocks: list[int]) -> torch.Tensor:
+        """int64 ``[n]`` on the store's device (one host-to-device copy)."""
+        return torch.tensor(blocks, dtype=torch.int64, device=self.device)
 
     # -- accounting -----------------------------------------------------------------------------------
     def stats(self) -> dict:

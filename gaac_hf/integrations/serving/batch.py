@@ -19,9 +19,14 @@ switches it off).
 """
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import torch
 
 from ...cache.pages import PageStore
+
+#: request ids remembered as freed, to tell a preemption (the same id admitted again) from an end
+FREED_MEMORY = 4096
 
 
 def check_engine_config(cfg) -> None:
@@ -48,18 +53,21 @@ class BatchPages:
         self.closing: list[int] = []   # blocks the current batch's writes fill
         self.scratch: list[int] = []   # compressed blocks the current batch reads, in scratch order
         self._done = False
-        self._freed: set = set()
+        self._scratch_ids = None  # int64 tensor of ``scratch``, built at the batch's first read
+        self._freed: OrderedDict = OrderedDict()  # the last FREED_MEMORY freed ids (a server sees unboundedly many)
         self.preemptions = 0  # requests that got blocks again after the engine freed theirs unfinished
 
     def _start_if_done(self) -> None:
         if self._done:
-            self.closing, self.scratch, self._done = [], [], False
+            self.closing, self.scratch, self._scratch_ids, self._done = [], [], None, False
 
     # -- requests --------------------------------------------------------------------------------
-    def admitted(self, request_id: str) -> None:
-        """A request got blocks: if the engine had freed its blocks before, it was preempted."""
-        if request_id in self._freed:
-            self._freed.discard(request_id)
+    def admitted(self, request_id: str, new_blocks: list[int]) -> None:
+        """A request got ``new_blocks``: each opens a frame; if the engine had freed the request's
+        blocks before, it was preempted."""
+        for block in new_blocks:
+            self.store.open_block(block)
+        if self._freed.pop(request_id, False):
             self.preemptions += 1
 
     def freed(self, request_id: str, blocks: list[int]) -> None:
@@ -68,9 +76,19 @@ class BatchPages:
         for block in blocks:
             self.store.free(block)
         if blocks:
-            self._freed.add(request_id)
+            self._freed[request_id] = True
+            if len(self._freed) > FREED_MEMORY:
+                self._freed.popitem(last=False)
 
     # -- indices ---------------------------------------------------------------------------------
+    @staticmethod
+    def table(block_tables: dict, request_id: str) -> list[int]:
+        """A request's block table from an allocator's ``block_table`` dict (the engine's error if none)."""
+        table = block_tables.get(request_id)
+        if table is None:
+            raise ValueError(f"No block table found for request {request_id}")
+        return table
+
     def _rows(self, block: int, start: int, stop: int, reading: bool) -> range:
         frame = self.store.frame_of(block)
         if frame is not None:
@@ -120,7 +138,9 @@ class BatchPages:
             return key_states, value_states
         if not self.scratch:
             return torch.index_select(views[0], 0, read_index), torch.index_select(views[1], 0, read_index)
-        decoded = store.read(pos, self.scratch)  # K, V [n, P, H, D]
+        if self._scratch_ids is None:  # one host-to-device copy per batch, not per layer
+            self._scratch_ids = store.block_ids(self.scratch)
+        decoded = store.read(pos, self._scratch_ids)  # K, V [n, P, H, D]
         in_frames = (read_index < self.scratch_base)[:, None, None]
         out = []
         for view, dec in zip(views, decoded):

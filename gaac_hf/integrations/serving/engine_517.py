@@ -43,26 +43,18 @@ class GAACFullAttentionAllocator517(FullAttentionCacheAllocator):
         n = super().allocate_blocks(n_blocks, request_id, block_manager)
         if n is None:
             return None
-        for block in self.block_table[request_id][before:]:
-            self.store.open_block(block)
-        self.batch.admitted(request_id)
+        self.batch.admitted(request_id, self.block_table[request_id][before:])
         return n
 
     def free_blocks(self, request_id: str, block_manager: BlockManager) -> None:
         self.batch.freed(request_id, self.block_table.get(request_id, []))
         super().free_blocks(request_id, block_manager)
 
-    def _table(self, request_id: str) -> list[int]:
-        table = self.block_table.get(request_id)
-        if table is None:
-            raise ValueError(f"No block table found for request {request_id}")
-        return table
-
     def get_read_indices(self, request_id: str, past_length: int, query_length: int) -> list[int]:
-        return self.batch.read_rows(self._table(request_id), past_length, query_length)
+        return self.batch.read_rows(self.batch.table(self.block_table, request_id), past_length, query_length)
 
     def get_write_indices(self, request_id: str, past_length: int, query_length: int) -> list[int]:
-        return self.batch.write_rows(self._table(request_id), past_length, query_length)
+        return self.batch.write_rows(self.batch.table(self.block_table, request_id), past_length, query_length)
 
     def fill_block_table(self, request_id, past_length, query_length, block_table) -> None:
         raise NotImplementedError("GAAC serving has no block-table decode path yet")

@@ -60,6 +60,7 @@ class GAACFullAttentionAllocator(FullAttentionCacheAllocator):
         self._before_cache_tensor_init(index=index, layer_indices=layer_indices, tokens_per_page=page_size,
                                        bytes_per_page=store.layout.slot_bytes, allow_block_sharing=False)
         self.batch = None  # BatchPages, once the store is bound
+        self._pos = {layer: i for i, layer in enumerate(layer_indices)}
 
     # -- memory -----------------------------------------------------------------------------------
     def register_cache_tensor(self, bytes_per_sector, non_trash_bytes, cache_tensor, pool) -> None:
@@ -80,9 +81,7 @@ class GAACFullAttentionAllocator(FullAttentionCacheAllocator):
     def allocate_cache_to_request(self, request_id: str, past_length: int, query_length: int) -> None:
         before = len(self.block_table.get(request_id, []))
         super().allocate_cache_to_request(request_id, past_length, query_length)
-        for block in self.block_table[request_id][before:]:
-            self.store.open_block(block)
-        self.batch.admitted(request_id)
+        self.batch.admitted(request_id, self.block_table[request_id][before:])
 
     def free_blocks(self, request_id: str, no_cache: bool = False) -> None:
         self.batch.freed(request_id, self.block_table.get(request_id, []))
@@ -95,17 +94,11 @@ class GAACFullAttentionAllocator(FullAttentionCacheAllocator):
         raise NotImplementedError("GAAC serving does not copy blocks (forks, CPU offloading) yet")
 
     # -- indices and the forward (BatchPages) ---------------------------------------------------------
-    def _table(self, request_id: str) -> list[int]:
-        table = self.block_table.get(request_id)
-        if table is None:
-            raise ValueError(f"No block table found for request {request_id}")
-        return table
-
     def get_write_indices(self, request_id: str, past_length: int, query_length: int) -> list[int]:
-        return self.batch.write_rows(self._table(request_id), past_length, query_length)
+        return self.batch.write_rows(self.batch.table(self.block_table, request_id), past_length, query_length)
 
     def get_read_indices(self, request_id: str, past_length: int, query_length: int) -> list[int]:
-        return self.batch.read_rows(self._table(request_id), past_length, query_length)
+        return self.batch.read_rows(self.batch.table(self.block_table, request_id), past_length, query_length)
 
     def fill_block_table(self, request_id, past_length, query_length, block_table) -> None:
         raise NotImplementedError("GAAC serving has no block-table decode path yet (supports_block_table is False)")
@@ -113,7 +106,7 @@ class GAACFullAttentionAllocator(FullAttentionCacheAllocator):
     def update(self, key_states, value_states, layer_idx, read_index, write_index):
         """Write this layer's new K/V ``[q, H, D]``, encode the pages this batch filled, return the K/V
         attention reads ``[len(read_index), H, D]`` (:meth:`BatchPages.layer_step`)."""
-        return self.batch.layer_step(self.layer_indices.index(layer_idx), key_states, value_states, read_index, write_index)
+        return self.batch.layer_step(self._pos[layer_idx], key_states, value_states, read_index, write_index)
 
     def get_cache_for_block_table(self, layer_idx: int):
         raise NotImplementedError("GAAC serving has no block-table decode path yet")
