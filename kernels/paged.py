@@ -137,6 +137,8 @@ class LaunchConfig:
     warp decodes per tile (1 or 2; fewer means more producer warps).
     producer_kinds: the fused CUDA kernel: 2 = a producer warp decodes K and V of its segments, 1 = one
     producer for each (twice the producers, each with half the look-ups and copies).
+    decoded_k_slots: the fused CUDA kernel: slots of each consumer's decoded K ring (2, or 1: the
+    consumer frees K once S is computed, so the ring takes less shared memory and more CTAs fit).
     """
 
     num_splits: int | None = None
@@ -148,6 +150,7 @@ class LaunchConfig:
     loader: str | None = None
     producer_segments: int | None = None
     producer_kinds: int | None = None
+    decoded_k_slots: int | None = None
 
 
 DEFAULT_LAUNCH = LaunchConfig()

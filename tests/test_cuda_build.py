@@ -157,3 +157,20 @@ def test_launch_arguments_must_be_contiguous():
     assert runtime._arg(t) == t.data_ptr() and runtime._arg(None) == 0
     with pytest.raises(ValueError, match="not contiguous"):
         runtime._arg(t[:, 1].reshape(-1))
+
+
+@pytest.mark.parametrize("d,g", [(64, 3), (128, 4), (128, 8)])
+def test_one_slot_k_ring_fits_four_ctas_without_spills(tmp_path, d, g):
+    """decoded_k_slots=1 frees the shared memory for a 4th CTA per SM at d <= 128; its register cap
+    (65536 / (192 * 4) = 85) must not make the kernel spill."""
+    from gaac_hf.kernels.cuda import fused_attention as F
+
+    defines = dict(HEAD_DIM=d, QUERY_GROUP=g, PAGE=64, WARPS=F.DEFAULT_WARPS, PROD_SEGS=F.segments_per_producer(d),
+                   KIND_SPLIT=1, STAGES=2, DEC_K_STAGES=1, MIN_CTAS_PER_SM=4, ENTRY_CHUNKS=F.entry_chunks(d))
+    threads = F.threads_of(d, F.DEFAULT_WARPS, None, 1)
+    assert 4 * (F.cta_bytes(d, F.DEFAULT_WARPS, 2, None, 1, k_slots=1) + 1024) <= 228 * 1024
+    out = tmp_path / "k.cubin"
+    res = subprocess.run(runtime.nvcc_command(F.SOURCE, defines, "sm_90a", str(out)), capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    report = runtime.parse_ptxas(res.stdout + res.stderr)
+    assert runtime.resource_problems(report, 65536 // (threads * 4)) == [], report

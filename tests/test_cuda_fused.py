@@ -129,6 +129,24 @@ def test_producer_shapes_bit_identical(B, HQ, HKV, D, T, lens, pseg, kinds):
     assert _rel_err(out, attention_reference(q, k, v, lens)) < 1e-2
 
 
+@pytest.mark.parametrize("B,HQ,HKV,D,T,lens", [CASES[0], CASES[1], CASES[2], CASES[3], CASES[7], CASES[8]])
+@pytest.mark.parametrize("kinds", [1, 2])
+def test_one_slot_k_ring_bit_identical(B, HQ, HKV, D, T, lens, kinds):
+    """decoded_k_slots=1: the consumer frees its one K buffer once S is computed (the `kfree` barrier)
+    and the K producer refills it while the consumer works on V; at d <= 128 also at 4 CTAs per SM
+    (the register cap the extra CTA brings)."""
+    S = max(lens)
+    k = synthetic_kv((B, HKV, S, D), "k", 7).to(DEV)
+    v = synthetic_kv((B, HKV, S, D), "v", 8).to(DEV)
+    q = torch.randn(B, HQ, D, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16).to(DEV)
+    kv = pack_paged_v3(k, v, lens, T, _bases(k, v))
+    for splits, per_sm in ((1, None), (3, 4 if D <= 128 else None)):
+        cfg = LaunchConfig(num_splits=splits, num_warps=2, producer_kinds=kinds, decoded_k_slots=1, ctas_per_sm=per_sm,
+                           num_stages=2 if per_sm else None)
+        out = _check_both(q, k, v, kv, lens, T, cfg)
+    assert _rel_err(out, attention_reference(q, k, v, lens)) < 1e-2
+
+
 @pytest.mark.parametrize("shift", [2, 4])
 def test_badly_fitting_windows_long_entry_lists(shift):
     """Windows moved up by `shift` exponents: 30-90% of groups wide, so entry lists overflow a
@@ -191,8 +209,9 @@ def test_adversarial_blocks_bit_identical(D):
     q = (torch.randn(1, 2 * H, D, generator=torch.Generator().manual_seed(D)) * 0.01).to(torch.bfloat16).to(DEV)
     assert bool((kv.k.table[0, :, :2] & 1).any()), "some adversarial block must be stored as BF16"
     assert bool((~kv.k.table[0, :, :2] & 1).any()), "and some compressed"
-    for splits in (1, 2):
-        _check_both(q, k, v, kv, [k.shape[2]], 64, LaunchConfig(num_splits=splits, num_warps=4 if D < 256 else 2))
+    for splits, k_slots in ((1, None), (2, None), (2, 1)):
+        _check_both(q, k, v, kv, [k.shape[2]], 64,
+                    LaunchConfig(num_splits=splits, num_warps=4 if D < 256 else 2, decoded_k_slots=k_slots))
 
 
 @pytest.mark.skipif(not REAL_KV.exists(), reason=f"real K/V dump {REAL_KV} absent (python eval/compression_v3.py --dump)")
@@ -214,8 +233,9 @@ def test_real_smollm2_kv_bit_identical():
         kv = pack_paged_v3(k, v, [seq.shape[1]], T, bases)
         assert not bool((kv.k.table & 1).any()), "real K/V blocks all compress"
         q = torch.randn(1, 9, D, generator=torch.Generator().manual_seed(layer)).to(torch.bfloat16).to(DEV)
-        for splits in (1, 3):
-            out = _check_both(q, k, v, kv, [seq.shape[1]], T, LaunchConfig(num_splits=splits, num_warps=4))
+        for splits, k_slots in ((1, None), (3, None), (3, 1)):
+            out = _check_both(q, k, v, kv, [seq.shape[1]], T,
+                              LaunchConfig(num_splits=splits, num_warps=4, decoded_k_slots=k_slots))
             assert _rel_err(out, attention_reference(q, k, v, [seq.shape[1]])) < 1e-2
 
 

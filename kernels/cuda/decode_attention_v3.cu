@@ -23,7 +23,10 @@
 //
 // Compile-time parameters (-D): HEAD_DIM (64, 128 or 256), PAGE (block size T: a power of two
 // >= 16), QUERY_GROUP (query heads per kv head), WARPS (consumer warps), STAGES (compressed ring
-// depth, >= 2), DEC_STAGES (decoded ring depth, >= 2), PROD_SEGS (segments per producer, 1 or 2),
+// depth, >= 2), DEC_STAGES (decoded ring depth, >= 2), DEC_K_STAGES (slots of the decoded K ring:
+// DEC_STAGES, or 1: a consumer frees its K buffer as soon as S is computed, `kfree` barrier, so the
+// K producer refills it while the consumer works on V; 8.7 KB less per CTA at d=128, room for one
+// more CTA per SM), PROD_SEGS (segments per producer, 1 or 2),
 // KIND_SPLIT (0 or 1, above), ENTRY_CHUNKS (16-byte chunks of entry list staged per producer, kind
 // and stage; longer lists are read from global memory), MIN_CTAS_PER_SM; lab instruments PROF, PROBE.
 
@@ -45,6 +48,9 @@
 #endif
 #ifndef STAGES
 #define STAGES 4
+#endif
+#ifndef DEC_K_STAGES
+#define DEC_K_STAGES DEC_STAGES
 #endif
 #ifndef PROD_SEGS  // segments (1,024 values) of each of K and V a producer warp decodes per tile: 1 or 2
 #define PROD_SEGS 2
@@ -81,6 +87,7 @@ typedef unsigned char u8;
 
 constexpr int T = PAGE;
 constexpr int DS = DEC_STAGES;
+constexpr int KDS = DEC_K_STAGES;             // slots of the decoded K ring (DS, or 1)
 constexpr int TILE = 16 * W;                  // rows per tile (16 per consumer warp)
 constexpr int N = T * D;                      // values per block
 constexpr int COLS = D / 8;                   // chunk columns
@@ -110,6 +117,7 @@ static_assert(ENC >= 1 && ENC <= 32, "ENTRY_CHUNKS must be 1..32 (one chunk per 
 static_assert(D == 64 || D == 128 || D == 256, "the fused kernel takes HEAD_DIM 64, 128 or 256");
 static_assert(T >= 16 && (T & (T - 1)) == 0, "PAGE must be a power of two >= 16 (format v3)");
 static_assert(DS >= 2, "DEC_STAGES must be >= 2");
+static_assert(KDS == 1 || KDS == DS, "DEC_K_STAGES must be 1 or DEC_STAGES");
 static_assert(32 % COLS == 0, "a lane's chunk column must be the same in every segment");
 
 constexpr i64 TAIL = -1;  // "block" of the rows past the complete blocks: the BF16 tail
@@ -291,17 +299,20 @@ gaac_v3_decode_split(const u16* __restrict__ q,          // [B, Hkv*G, D]
 #endif
                      ) {
   extern __shared__ __align__(16) unsigned char smem[];
-  __shared__ __align__(8) unsigned long long full[DS * W], empty[DS * W];
+  __shared__ __align__(8) unsigned long long full[DS * W], empty[DS * W], kfree[W];
 
   const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int splits = gridDim.x;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int hq0 = h * G, hq_total = hkv * G;
 
-  // shared memory: decoded ring [DS][W][2 kinds][DEC] | dbp [2][D/2] | compressed ring [S][NPROD][NK][SLOT]
+  // shared memory: decoded K ring [KDS][W][DEC] | decoded V ring [DS][W][DEC] | dbp [2][D/2] |
+  // compressed ring [S][NPROD][NK][SLOT]
   u16* ring = reinterpret_cast<u16*>(smem);
-  u32* dbp_s = reinterpret_cast<u32*>(smem + DS * W * 2 * DEC * 2);
-  u8* cring = smem + DS * W * 2 * DEC * 2 + 4 * D;
+  u32* dbp_s = reinterpret_cast<u32*>(smem + (KDS + DS) * W * DEC * 2);
+  u8* cring = smem + (KDS + DS) * W * DEC * 2 + 4 * D;
+  auto kbuf = [&](int slot, int cw) { return ring + ((KDS == 1 ? 0 : slot) * W + cw) * DEC; };
+  auto vbuf = [&](int slot, int cw) { return ring + (KDS * W + slot * W + cw) * DEC; };
   for (int i = tid; i < D / 2; i += ALL_THREADS) {
     dbp_s[i] = __ldg(k_dbp + h * (D / 2) + i);
     dbp_s[D / 2 + i] = __ldg(v_dbp + h * (D / 2) + i);
@@ -314,6 +325,7 @@ gaac_v3_decode_split(const u16* __restrict__ q,          // [B, Hkv*G, D]
       mbar_init(full + i, 32 * PPC);  // every lane of the consumer's producers arrives
       mbar_init(empty + i, 32);       // every lane of the consumer arrives
     }
+    for (int i = 0; i < W; ++i) mbar_init(kfree + i, 32);  // the consumer's lanes, once S is in registers
     fence_proxy_async();
   }
   __syncthreads();
@@ -336,8 +348,12 @@ gaac_v3_decode_split(const u16* __restrict__ q,          // [B, Hkv*G, D]
       PROF_T(t0);
       mbar_wait(full + slot * W + warp, (it / DS) & 1);
       PROF_T(t1);
-      const u16* dk = ring + (slot * W + warp) * 2 * DEC;
-      if (!(PROBE & 4)) st.rows(dk, dk + DEC, first + it * TILE + 16 * warp, lo, hi, lane, scale_log2);
+      auto k_read = [&] {  // a one-slot K ring: the K producer may refill it now
+        if (KDS == 1) mbar_arrive(kfree + warp);
+      };
+      if (!(PROBE & 4)) st.rows(kbuf(slot, warp), vbuf(slot, warp), first + it * TILE + 16 * warp, lo, hi, lane,
+                                scale_log2, k_read);
+      else k_read();
       PROF_T(t2);
       mbar_arrive(empty + slot * W + warp);
 #ifdef PROF
@@ -437,10 +453,13 @@ gaac_v3_decode_split(const u16* __restrict__ q,          // [B, Hkv*G, D]
       cp_async_commit();
       PROF_T(t2);
       const int slot = it % DS;
-      if (it >= DS) mbar_wait(empty + slot * W + c, ((it / DS) + 1) & 1);
+      // the buffers it writes are free: the consumer has finished tile it - DS (V, and K with a
+      // DS-slot K ring), or has computed S of tile it - 1 (K with a one-slot K ring)
+      if (it >= DS && (doV || KDS == DS)) mbar_wait(empty + slot * W + c, ((it / DS) + 1) & 1);
+      if (KDS == 1 && doK && it >= 1) mbar_wait(kfree + c, (it - 1) & 1);
       PROF_T(t3);
-      u16* dk = ring + (slot * W + c) * 2 * DEC;
-      u16* dv = dk + DEC;
+      u16* dk = kbuf(slot, c);
+      u16* dv = vbuf(slot, c);
       const int tok0 = tok_of(it), r0 = tok0 % T, s0 = seg0(tok0);
       // main paths of K and V back to back (independent: the scheduler interleaves them), one
       // __syncwarp, then the two fix-ups

@@ -57,50 +57,54 @@ def _slot_bytes(d: int, pseg: int | None = None) -> int:
 
 
 def smem_bytes(d: int, warps: int, stages: int, dec_stages: int = 2, pseg: int | None = None,
-               kinds: int | None = None) -> int:
-    """Decoded ring ([dec_stages][warps][K, V][16 x (d + 8)] BF16) + (base16 - base8) pairs + the
-    compressed ring ([stages][producers][kinds per producer][slot])."""
+               kinds: int | None = None, k_slots: int | None = None) -> int:
+    """Decoded rings (K: [k_slots][warps][16 x (d + 8)] BF16, V: [dec_stages][warps][...]) + (base16 -
+    base8) pairs + the compressed ring ([stages][producers][kinds per producer][slot])."""
     producers = warps * producers_per_consumer(d, pseg, kinds)
     nk = 1 if kinds == 1 else 2
-    return dec_stages * warps * 2 * 16 * (d + 8) * 2 + 4 * d + stages * producers * nk * _slot_bytes(d, pseg)
+    k_slots = k_slots or dec_stages
+    return (k_slots + dec_stages) * warps * 16 * (d + 8) * 2 + 4 * d + stages * producers * nk * _slot_bytes(d, pseg)
 
 
 def static_bytes(d: int, warps: int, stages: int, pseg: int | None = None, kinds: int | None = None) -> int:
     """The kernel's static shared memory: the metadata rings (3 (stages - 1) + 2 slots of two entries
     and four segment words per producer) and the mbarriers (+ slack for the compiler's own)."""
     producers = warps * producers_per_consumer(d, pseg, kinds)
-    return (3 * (stages - 1) + 2) * producers * 32 + 2 * 2 * warps * 8 + 256
+    return (3 * (stages - 1) + 2) * producers * 32 + (2 * 2 + 1) * warps * 8 + 256
 
 
-def cta_bytes(d: int, warps: int, stages: int, pseg: int | None = None, kinds: int | None = None) -> int:
+def cta_bytes(d: int, warps: int, stages: int, pseg: int | None = None, kinds: int | None = None,
+              k_slots: int | None = None) -> int:
     """Shared memory of one CTA, dynamic + static."""
-    return smem_bytes(d, warps, stages, pseg=pseg, kinds=kinds) + static_bytes(d, warps, stages, pseg, kinds)
+    return (smem_bytes(d, warps, stages, pseg=pseg, kinds=kinds, k_slots=k_slots)
+            + static_bytes(d, warps, stages, pseg, kinds))
 
 
 def threads_of(d: int, warps: int, pseg: int | None = None, kinds: int | None = None) -> int:
     return 32 * warps * (1 + producers_per_consumer(d, pseg, kinds))
 
 
-def default_stages(d: int, warps: int, pseg: int | None = None, kinds: int | None = None) -> int:
+def default_stages(d: int, warps: int, pseg: int | None = None, kinds: int | None = None,
+                   k_slots: int | None = None) -> int:
     """The deepest compressed ring (<= 8) that leaves the most CTAs per SM (3, else 2, else 1):
     measured on the H200 (lab/cuda-decode-notebook.md, calls F2-F8) the kernel's time falls with
     the number of producer warps per SM and does not change with ring depth beyond 3 stages."""
     for ctas in (3, 2):
         for s in range(8, 2, -1):
-            if ctas * (cta_bytes(d, warps, s, pseg, kinds) + 1024) <= 228 * 1024:
+            if ctas * (cta_bytes(d, warps, s, pseg, kinds, k_slots) + 1024) <= 228 * 1024:
                 return s
     for s in range(8, 1, -1):  # else one CTA per SM with the deepest ring that fits
-        if cta_bytes(d, warps, s, pseg, kinds) <= MAX_SMEM:
+        if cta_bytes(d, warps, s, pseg, kinds, k_slots) <= MAX_SMEM:
             return s
     return 2
 
 
 def max_ctas_per_sm(d: int, warps: int, stages: int, group: int, pseg: int | None = None,
-                    kinds: int | None = None) -> int:
+                    kinds: int | None = None, k_slots: int | None = None) -> int:
     """Most resident CTAs per SM that shared memory and the kernel's registers allow."""
     need = regs_needed(d, group, pseg, kinds)
     threads = threads_of(d, warps, pseg, kinds)
-    return max([c for c in range(1, 9) if c * (cta_bytes(d, warps, stages, pseg, kinds) + 1024) <= 228 * 1024
+    return max([c for c in range(1, 9) if c * (cta_bytes(d, warps, stages, pseg, kinds, k_slots) + 1024) <= 228 * 1024
                 and 65536 // (threads * c) >= need and threads * c <= 2048] or [1])
 
 
@@ -120,6 +124,7 @@ def regs_needed(d: int, group: int, pseg: int | None = None, kinds: int | None =
 DEFAULT_WARPS = 2      # consumer warps (the BF16 twin's warps for bit identity)
 DEFAULT_PRODUCER_SEGMENTS = 2
 DEFAULT_PRODUCER_KINDS = 1  # kinds (K, V) per producer warp: 1 = one producer per kind (call G10: 116 -> 99 us)
+DEFAULT_DECODED_K_SLOTS = 2  # slots of the decoded K ring (1 frees 16 (d + 8) * 2 B per consumer warp)
 
 
 def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, max_tokens: int,
@@ -138,10 +143,13 @@ def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, 
     kinds = config.producer_kinds or DEFAULT_PRODUCER_KINDS
     if kinds not in (1, 2):
         raise ValueError(f"producer_kinds must be 1 or 2, got {config.producer_kinds}")
-    stages = config.num_stages or default_stages(head_dim, warps, pseg, kinds)
+    k_slots = config.decoded_k_slots or DEFAULT_DECODED_K_SLOTS
+    if k_slots not in (1, 2):
+        raise ValueError(f"decoded_k_slots must be 1 or 2, got {config.decoded_k_slots}")
+    stages = config.num_stages or default_stages(head_dim, warps, pseg, kinds, k_slots)
     tile = 16 * warps
     threads = threads_of(head_dim, warps, pseg, kinds)
-    smem = smem_bytes(head_dim, warps, stages, pseg=pseg, kinds=kinds)
+    smem = smem_bytes(head_dim, warps, stages, pseg=pseg, kinds=kinds, k_slots=k_slots)
     static = static_bytes(head_dim, warps, stages, pseg, kinds)
     if smem + static > MAX_SMEM:
         raise ValueError(f"head_dim {head_dim} with {warps} warps x {stages} stages needs {smem} B of shared memory "
@@ -153,7 +161,7 @@ def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, 
         if config.ctas_per_sm is None:
             from dataclasses import replace
 
-            config = replace(config, ctas_per_sm=max_ctas_per_sm(head_dim, warps, stages, group, pseg, kinds))
+            config = replace(config, ctas_per_sm=max_ctas_per_sm(head_dim, warps, stages, group, pseg, kinds, k_slots))
         need = {head_dim: regs_needed(head_dim, group, pseg, kinds)}
         splits, per_sm = _choose_splits(batch * kv_heads, max_tokens, tile, smem + static, head_dim, device, config,
                                         regs_needed=need, threads=threads)
@@ -164,7 +172,7 @@ def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, 
     if smem + static > MAX_SMEM:
         raise ValueError(f"{splits} splits x {group} heads do not fit the merge in shared memory")
     defines = dict(HEAD_DIM=head_dim, QUERY_GROUP=group, PAGE=block_size, WARPS=warps, STAGES=stages,
-                   DEC_STAGES=2, MIN_CTAS_PER_SM=per_sm, ENTRY_CHUNKS=entry_chunks(head_dim, pseg),
+                   DEC_STAGES=2, DEC_K_STAGES=k_slots, MIN_CTAS_PER_SM=per_sm, ENTRY_CHUNKS=entry_chunks(head_dim, pseg),
                    PROD_SEGS=segments_per_producer(head_dim, pseg), KIND_SPLIT=int(kinds == 1))
     return dict(defines=defines, smem=smem, splits=splits, tokens_per_split=tps, threads=threads, warps=warps)
 

@@ -27,6 +27,10 @@ constexpr int THREADS = 32 * W;
 static_assert(D % 16 == 0 && D >= 16 && D <= 256, "HEAD_DIM must be a multiple of 16 up to 256");
 static_assert(G >= 1 && G <= 16, "GROUP must be 1..16");
 
+struct NoHook {
+  __device__ __forceinline__ void operator()() const {}
+};
+
 // One warp's running softmax state over the rows it has seen, and Q^T as MMA B fragments.
 struct WarpState {
   float o[KS][NT][4];
@@ -65,8 +69,12 @@ struct WarpState {
 
   // Attend to 16 rows staged in shared memory: ks / vs = row 0 of K / V (row stride ROW); row r is
   // position tok0 + r, used only if lo <= tok0 + r < hi (a masked V row must hold finite values).
+  // after_k() runs once the K rows have been read (S is in registers): a warp-specialised caller
+  // signals there that the K buffer may be refilled while this warp still works on V. It adds no
+  // arithmetic, so the result is the same with or without it.
+  template <class AfterK = NoHook>
   __device__ __forceinline__ void rows(const u16* ks, const u16* vs, int tok0, int lo, int hi, int lane,
-                                       float scale_log2) {
+                                       float scale_log2, AfterK after_k = AfterK()) {
     const int g = lane >> 2;
     // ldmatrix lane addressing (see the PTX ISA fragment layouts):
     // K as A (row-major 16x16): rows (lane & 7) + 8 * ((lane >> 3) & 1), cols 8 * (lane >> 4)
@@ -87,6 +95,7 @@ struct WarpState {
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) mma_bf16_16816(sacc[nt], a, qf[nt][k][0], qf[nt][k][1]);
     }
+    after_k();
 
     // online softmax: this lane holds tokens g and g + 8, heads 2*t4 and 2*t4 + 1 of each n-tile
     const bool ok0 = tok0 + g >= lo && tok0 + g < hi;
