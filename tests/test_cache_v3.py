@@ -333,3 +333,55 @@ def test_native_append_stores_what_encode_and_store_do(monkeypatch):
             assert tc.same_bits(la.tails[kind][:, :, : la.tail_len], lb.tails[kind][:, :, : lb.tail_len])
         assert int(la.pools[1].counts[3]) > 0  # some V blocks are stored as BF16
     assert caches[0].stats() == caches[1].stats()
+
+
+@pytest.mark.parametrize("lag", [0, 3])
+@pytest.mark.parametrize("checksums", [False, True])
+def test_sync_free_store_matches_the_exact_store(monkeypatch, lag, checksums):
+    """The store CUDA pools use (``sync_free``: offsets from a device counter, growth from a host bound
+    that never waits; here on the CPU library, snapshots landing ``lag`` look-ups late) leaves the
+    same pool bytes, tables, tails and counters as the exact store, through prefills, decode steps,
+    crop and batch selection; its host bound never falls below the bytes in use, and the capacity
+    exceeds them by less than the page + guard + the worst-case excess of the store that grew it."""
+    from gaac_hf.cache.pool_v3 import GUARD
+
+    if not native.available():
+        pytest.skip("the CPU library is not built here (no compiler)")
+    gen = torch.Generator().manual_seed(9)
+    ops = [("add", 40), *[("add", 1)] * 30, ("crop", -21), ("add", 50), ("select", 0), ("add", 17), *[("add", 1)] * 20]
+    kv = [tuple((torch.randn(3, 2, n, 64, generator=gen) * (3 if i else 300)).bfloat16() for i in range(2))
+          if op == "add" else None for op, n in ops]
+    exact, free = _v3_cache(checksums), _v3_cache(checksums)
+    cls, state = layer_mod._BlockPoolV3, {}
+    monkeypatch.setattr(layer_mod, "_BlockPoolV3", lambda *a, **k: cls(*a, sync_free=state["free"], snapshot_lag=lag, **k))
+    for step, ((op, n), x) in enumerate(zip(ops, kv)):
+        for cache in (exact, free):
+            state["free"] = cache is free  # the layers build their pools at their first update
+            if op == "add":
+                b = cache.layers[0].tails[0].shape[0] if cache.layers[0].is_initialized else 3
+                for li in range(2):
+                    cache.update(x[0][:b], x[1][:b], li)
+            elif op == "crop":
+                cache.crop(n)
+            else:
+                cache.batch_select_indices(torch.tensor([0, 2]))
+        for la, lb in zip(exact.layers, free.layers):
+            for kind in (0, 1):
+                pa, pb = la.pools[kind], lb.pools[kind]
+                assert pb.sync_free and not pa.sync_free
+                assert pa.used == pb.used, (step, op)
+                assert torch.equal(pa.pool[: pa.used], pb.pool[: pb.used]), (step, op)
+                assert torch.equal(pa.counts, pb.counts.cpu()) and pa.n_blocks == pb.n_blocks
+                assert torch.equal(la.tables[kind][:, :, : la.num_blocks], lb.tables[kind][:, :, : lb.num_blocks])
+                assert pb.bound.bound() >= pb.used
+                worst = max(pb.page_bytes(), 3 * 2 * 4 * la.geometry.raw_bytes)  # a 50-token prefill: 4 blocks per row and head
+                assert GUARD <= pb.pool.numel() - pb.used < pb.page_bytes() + GUARD + worst + (lag > 0) * 2 * worst, (step, op)
+                if lag == 0:
+                    used, raw, blocks = pb.snapshot()
+                    assert (used, raw, blocks) == (pa.used, int(pa.counts[3]), pa.n_blocks)
+            got = lb.full_kv()
+            want = la.full_kv()
+            assert tc.same_bits(got[0], want[0]) and tc.same_bits(got[1], want[1]), (step, op)
+    assert exact.stats() == free.stats()
+    if checksums:
+        assert free.verify()["checksums"]

@@ -161,3 +161,34 @@ def test_unsupported_shapes_are_refused_with_the_reason():
     assert "head_dim 96" in fv3.why_unavailable(torch.device("cuda"), 96, 4)
     assert "query heads per kv head" in fv3.why_unavailable(torch.device("cuda"), 256, 12)
     assert fv3.why_unavailable(torch.device("cuda"), 128, 4) is None
+
+
+@pytest.mark.parametrize("checksums", [False, True])
+def test_v3_prefill_and_decode_steps_never_sync_the_host(model_table, checksums):
+    """A v3 store on CUDA places blocks at device offsets (pool_v3 ``sync_free``): a prefill and decode
+    steps that complete blocks run under torch's sync debug mode "error" (the fused v3 kernel where
+    it serves the layer, else decode + SDPA); what was stored reads back to DynamicCache's bits."""
+    model, table = model_table
+    ids = torch.randint(100, 49000, (2, 300), device="cuda")
+    dyn = DynamicCache(config=model.config)
+    cache = GAACCache(model.config, calibration=table, format_version=3, checksums=checksums)
+    with torch.no_grad():
+        nxt = model(input_ids=ids, past_key_values=dyn, logits_to_keep=1).logits[:, -1:].argmax(-1)
+        steps = [nxt]
+        for _ in range(20):  # 20 decode steps: 300 + 20 crosses block boundaries (block size 16)
+            steps.append(model(input_ids=steps[-1], past_key_values=dyn, logits_to_keep=1).logits[:, -1:].argmax(-1))
+        with attention(model, "gaac"):
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                model(input_ids=ids, past_key_values=cache, logits_to_keep=1)
+                for tok in steps[:-1]:
+                    model(input_ids=tok, past_key_values=cache, logits_to_keep=1)
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+    assert cache.layers[0].pools[0].sync_free
+    for li in (0, 13, 29):
+        k, v = cache.layers[li].full_kv()
+        assert same_bits(k, dyn.layers[li].keys) and same_bits(v, dyn.layers[li].values)
+    st = cache.stats()
+    assert st["allocated_bytes"] >= st["resident_bytes"] and cache.verify()["checksums"] == checksums

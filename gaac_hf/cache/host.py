@@ -174,15 +174,17 @@ class _FitnessCheck:
         if self.done:
             return
         pools = [p for layer in self.layers if layer._pools is not None for p in layer._pools]
-        blocks = sum(p.encoded_blocks for p in pools)
-        if blocks < self.BLOCKS:
+        if sum(p.encoded_blocks for p in pools) < self.BLOCKS:
             return
-        slots = raw = heap = 0
+        blocks = slots = raw = heap = 0
         for p in pools:
-            if hasattr(p, "used"):  # a format v3 pool: its stored bytes count as heap bytes below
-                r = int(p.counts[3])
-                raw, heap = raw + r, heap + p.used - r * self.table.geometry.raw_bytes
+            if hasattr(p, "snapshot"):  # a format v3 pool: its stored bytes count as heap bytes below
+                used, r, n = p.snapshot()  # as of its last store whose counters reached the host: no sync
+                if n < p.n_blocks // 2:
+                    return  # (sync-free pool) snapshots still in flight: try at a later append
+                blocks, raw, heap = blocks + n, raw + r, heap + used - r * self.table.geometry.raw_bytes
                 continue
+            blocks += p.encoded_blocks
             if p._snap_event is None:
                 r, h = int(p.counts[3]), int(p.counts[5])  # CPU tensors: free to read
             elif p._snap_event.query():

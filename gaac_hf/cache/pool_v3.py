@@ -12,8 +12,16 @@ pool grows in fixed pages (:meth:`page_bytes`), never by doubling: ``cap - used 
 
 Codec: on the CPU the C++ library of :mod:`gaac_hf.kernels.cpu` (built from the one v3 core, same
 bytes as the reference), else the PyTorch reference :mod:`gaac_hf.codec.v3`; on CUDA the v3 CUDA
-codec (``kernels/cuda/codec_v3.py``) when it loads, else the reference. A v3 pool on CUDA syncs the
-host once per store (it sizes the pool from the encoded lengths): the no-sync decode path is v2's.
+codec (``kernels/cuda/codec_v3.py``) when it loads, else the reference.
+
+Host syncs: a pool with the CUDA codec stores without any (``sync_free``): block offsets are computed
+on the device from the encoded lengths (:class:`_UsedBound` keeps the bytes in use in a device counter
+and, on the host, an upper bound that never waits: the exact value as of the last store whose
+non-blocking snapshot has landed, plus the worst case, BF16 size, of every block stored since); the
+pool grows by pages when that bound needs it. The counters (modes, raw blocks) stay on the device
+until ``stats()``. Allocated bytes then exceed the bytes in use by less than one page + the worst case
+of the stores whose snapshot has not landed + the guard. Reading ``used`` / ``n_slots`` syncs (stats,
+verify, compact do). The reference codec on CUDA sizes the pool on the host (one sync per store).
 """
 from __future__ import annotations
 
@@ -78,6 +86,64 @@ def _u32_at(pool: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     return b[:, 0] | (b[:, 1] << 8) | (b[:, 2] << 16) | (b[:, 3] << 24)
 
 
+class _UsedBound:
+    """Bytes in use of a sync-free pool: exact in a device counter, bounded on the host without waiting.
+
+    Each store adds its blocks' worst case (``worst``) to a host total and copies (used, raw blocks,
+    stored blocks) to a pinned buffer without blocking; once that copy has landed (CUDA event) its
+    values are known exactly. ``bound()`` = exact used at the last landed snapshot + worst case of every
+    store after it, so it is never below the device value. On the CPU a snapshot lands at once, or
+    ``lag`` look-ups later (tests exercise the bound with it).
+    """
+
+    def __init__(self, device: torch.device, lag: int = 0) -> None:
+        self.device = device
+        self.dev = torch.zeros(1, dtype=torch.int64, device=device)  # exact bytes in use
+        self.worst = 0  # host: sum of every store's worst case
+        self.known = (0, 0, 0)  # (used, raw blocks, blocks) exact as of a landed snapshot
+        self.known_worst = 0  # self.worst when that snapshot was taken
+        cuda = device.type == "cuda"
+        self.buf = torch.zeros(3, dtype=torch.int64, pin_memory=cuda)
+        self.pending = None  # CUDA event, or on the CPU the look-ups left before it lands
+        self.pending_worst = 0
+        self.lag = lag
+
+    def bound(self) -> int:
+        self.land()
+        return self.known[0] + self.worst - self.known_worst
+
+    def land(self) -> None:
+        if self.pending is None:
+            return
+        if isinstance(self.pending, int):
+            if self.pending > 0:
+                self.pending -= 1
+                return
+        elif not self.pending.query():
+            return
+        self.known, self.known_worst, self.pending = tuple(self.buf.tolist()), self.pending_worst, None
+
+    def after_store(self, worst: int, raw: torch.Tensor, blocks: int) -> None:
+        """Account a store of worst case ``worst`` bytes (the device counter already advanced);
+        ``raw``: the device count of raw blocks after it."""
+        self.worst += worst
+        vals = torch.cat([self.dev, raw.reshape(1), torch.full((1,), blocks, dtype=torch.int64, device=self.device)])
+        if self.device.type == "cuda":
+            self.buf.copy_(vals, non_blocking=True)
+            ev = torch.cuda.Event()
+            ev.record()
+            self.pending = ev
+        else:
+            self.buf.copy_(vals)
+            self.pending = self.lag if self.pending is None else self.pending
+        self.pending_worst = self.worst
+
+    def reset(self, used: int, raw: int, blocks: int) -> None:
+        """After a host-side rebuild (compact): the exact values are known."""
+        self.dev.fill_(used)
+        self.known, self.known_worst, self.pending = (used, raw, blocks), self.worst, None
+
+
 class _BlockPoolV3:
     """Encoded blocks of one kind (K or V) of one layer in format v3 (see the module docstring).
 
@@ -88,7 +154,8 @@ class _BlockPoolV3:
     triton = False  # the layer's v2 table-decode fast path does not apply
 
     def __init__(self, geometry: GeometryV3, base8: torch.Tensor, base16: torch.Tensor, device,
-                 step_blocks: int = 1, checksums: bool = False, consts: tuple | None = None) -> None:
+                 step_blocks: int = 1, checksums: bool = False, consts: tuple | None = None,
+                 sync_free: bool | None = None, snapshot_lag: int = 0) -> None:
         self.geometry = geometry
         self.device = torch.device(device)
         self.base8, self.base16 = base8.to(self.device), base16.to(self.device)
@@ -97,15 +164,47 @@ class _BlockPoolV3:
         self.native = self.device.type == "cpu" and native.available()
         self.cuda = _cuda_codec() if self.device.type == "cuda" else None
         self.pool = torch.zeros(GUARD, dtype=torch.uint8, device=self.device)
-        self.used = 0
+        # no host sync per store where the codec can place blocks at device offsets (module docstring);
+        # on the CPU (exact sizes are free there) only when asked, which tests do
+        if sync_free is None:
+            sync_free = self.cuda is not None
+        if sync_free and not (self.native or self.cuda is not None):
+            raise ValueError("sync_free needs the CPU library or the CUDA codec (a pack at device offsets)")
+        self.bound = _UsedBound(self.device, snapshot_lag) if sync_free else None
+        self._used = 0
         self.step_blocks = step_blocks
-        # groups per mode (3-bit, 4-bit, raw), blocks stored as BF16, 0, 0 (the v2 pools' counter layout)
-        self.counts = torch.zeros(6, dtype=torch.int64)
+        # groups per mode (3-bit, 4-bit, raw), blocks stored as BF16, 0, 0 (the v2 pools' counter layout);
+        # on the device for a sync-free pool
+        self.counts = torch.zeros(6, dtype=torch.int64, device=self.device if sync_free else "cpu")
         self.encoded_blocks = 0
         self.n_blocks = 0  # blocks in the pool
         # optional per-block checksums: one int64 per stored block, found by its offset
-        self.sums = torch.zeros(0, dtype=torch.int64) if checksums else None
-        self.sum_offs = torch.zeros(0, dtype=torch.int64) if checksums else None
+        sums_dev = self.device if sync_free else "cpu"
+        self.sums = torch.zeros(0, dtype=torch.int64, device=sums_dev) if checksums else None
+        self.sum_offs = torch.zeros(0, dtype=torch.int64, device=sums_dev) if checksums else None
+
+    @property
+    def sync_free(self) -> bool:
+        return self.bound is not None
+
+    @property
+    def used(self) -> int:
+        """Bytes in use (exact; on a sync-free pool reading it syncs the host)."""
+        return int(self.bound.dev) if self.bound is not None else self._used
+
+    @used.setter
+    def used(self, value: int) -> None:
+        if self.bound is not None:
+            raise AttributeError("a sync-free pool's bytes in use advance on the device")
+        self._used = value
+
+    def snapshot(self) -> tuple[int, int, int]:
+        """(bytes in use, raw blocks, stored blocks), exact as of the last store whose values reached
+        the host (all of them on the CPU or without ``sync_free``); never waits."""
+        if self.bound is None:
+            return self._used, int(self.counts[3]), self.n_blocks
+        self.bound.land()
+        return self.bound.known
 
     # -- the v2 pool protocol the layer drives (no deferred store: sizes are known right away) -------
     @property
@@ -123,6 +222,21 @@ class _BlockPoolV3:
         :data:`CPU_PAGE_BYTES`, a multiple of 4 KiB."""
         want = max(self.step_blocks * self.geometry.raw_bytes, CPU_PAGE_BYTES)
         return -(-want // 4096) * 4096
+
+    def _room_bound(self, worst: int) -> None:
+        """Sync-free pools: room for ``worst`` more bytes past the host bound of the bytes in use (the
+        whole old pool is copied: its bytes past the device count are the zeros of the guard)."""
+        bound = self.bound.bound()
+        need = bound + worst + GUARD
+        have = self.pool.numel()
+        if need <= have:
+            return
+        page = self.page_bytes()
+        cap = bound + GUARD + -(-(need - bound - GUARD) // page) * page
+        pool = torch.empty(cap, dtype=torch.uint8, device=self.device)
+        pool[:have] = self.pool
+        pool[have:].zero_()
+        self.pool = pool
 
     def _room(self, total: int) -> None:
         """Make room for ``total`` more bytes, which the caller writes at ``used`` right away: a new
@@ -154,7 +268,9 @@ class _BlockPoolV3:
         seg = _u32_at(rows.reshape(-1), torch.arange(rows.shape[0], device=rows.device) * g.raw_bytes
                       + g.segtab_offset + 4 * g.segments)
         wide, raw = (seg & 0xFFFF).sum(), (seg >> 16).sum()
-        modes = torch.stack([rows.shape[0] * g.groups - wide, wide - raw, raw]).cpu()
+        modes = torch.stack([rows.shape[0] * g.groups - wide, wide - raw, raw])
+        if self.bound is None:
+            modes = modes.cpu()
         return _EncodedV3(rows, nbytes, fits, modes)
 
     def store(self, enc: _EncodedV3, blocks: torch.Tensor, ub: int = 0, new=None) -> torch.Tensor:
@@ -162,6 +278,8 @@ class _BlockPoolV3:
         g = self.geometry
         n = blocks.shape[0]
         lens = torch.where(enc.fits, enc.nbytes.to(torch.int64), g.raw_bytes)
+        if self.bound is not None:
+            return self._store_sync_free(enc, blocks, lens)
         offs = self.used + torch.cumsum(lens, 0) - lens
         total = int(lens.sum())  # the host sync of a CUDA v3 store
         self._room(total)
@@ -181,11 +299,38 @@ class _BlockPoolV3:
         self.counts[3] += int((~enc.fits).sum())
         return offs + torch.where(enc.fits, 0, ENTRY_RAW)
 
+    def _store_sync_free(self, enc: _EncodedV3, blocks: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
+        """:meth:`store` without a host sync: offsets from the device counter, growth from the bound."""
+        g = self.geometry
+        n = blocks.shape[0]
+        self._room_bound(n * g.raw_bytes)
+        ends = self.bound.dev + torch.cumsum(lens, 0)
+        offs = ends - lens
+        if self.native:
+            if n and int(ends[-1]) + GUARD > self.pool.numel():  # on the CPU the exact end is free to check
+                raise RuntimeError(f"GAAC v3 pool: the host bound sized {self.pool.numel()} bytes for {int(ends[-1])} + guard")
+            native.pack_v3(enc.rows, enc.nbytes, blocks, offs, self.pool, g)
+        else:
+            self.cuda.pack_blocks_cuda(enc.rows, enc.nbytes, blocks, offs, self.pool, g)
+        if n:
+            self.bound.dev.copy_(ends[-1:])
+        if self.sums is not None:
+            src = torch.where(enc.fits[:, None], enc.rows, blocks.reshape(n, -1).contiguous().view(torch.uint8).reshape(n, -1))
+            self.sums = torch.cat([self.sums, byte_sums(src, 0, lens)])
+            self.sum_offs = torch.cat([self.sum_offs, offs])
+        self.n_blocks += n
+        self.encoded_blocks += n
+        self.counts[:3] += enc.modes
+        self.counts[3] += (~enc.fits).sum()
+        self.bound.after_store(n * g.raw_bytes, self.counts[3], self.n_blocks)
+        return offs + torch.where(enc.fits, 0, ENTRY_RAW)
+
     # -- reading ---------------------------------------------------------------------------------
     def gather(self, entries: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
         """Decode table entries int64 ``[N]`` (``heads`` int64 ``[N]``) -> bf16 ``[N, T, D]``, bit-exact.
         On the CPU every block's structure is checked (ValueError when corrupt)."""
-        return self.decode_from(self.pool, self.used, entries, heads)
+        used = self.pool.numel() - GUARD if self.bound is not None else self._used  # the CUDA / CPU decoders do not read it
+        return self.decode_from(self.pool, used, entries, heads)
 
     def decode_from(self, pool: torch.Tensor, used: int, entries: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
         """:meth:`gather` from another byte pool (uint8 ``[P]``, blocks in its first ``used`` bytes and
@@ -227,11 +372,15 @@ class _BlockPoolV3:
         pool = torch.zeros(total + GUARD, dtype=torch.uint8, device=self.device)
         pool[:total] = self.pool[src]
         if self.sums is not None:
-            at = torch.searchsorted(self.sum_offs, (keep & ~(ALIGN - 1)).cpu())
-            self.sums, self.sum_offs = self.sums[at], new_off.cpu()
+            at = torch.searchsorted(self.sum_offs, (keep & ~(ALIGN - 1)).to(self.sum_offs.device))
+            self.sums, self.sum_offs = self.sums[at], new_off.to(self.sum_offs.device)
         raw_left = int((keep & ENTRY_RAW).sum()) if keep.numel() else 0
-        self.pool, self.used, self.n_blocks = pool, total, int(keep.numel())
+        self.pool, self.n_blocks = pool, int(keep.numel())
         self.counts[3] = raw_left
+        if self.bound is not None:
+            self.bound.reset(total, raw_left, self.n_blocks)
+        else:
+            self._used = total
         renumbered = new_off + (keep & ENTRY_RAW)
         return renumbered[torch.searchsorted(keep, flat)].reshape(live.shape)
 
@@ -265,13 +414,14 @@ class _BlockPoolV3:
             except ValueError as err:
                 problems.append(str(err))
         if not problems and self.sums is not None and e.numel():
-            at = torch.searchsorted(self.sum_offs, start.cpu())
-            known = (at < self.sum_offs.numel()) & (self.sum_offs[at.clamp(max=max(self.sum_offs.numel() - 1, 0))] == start.cpu())
+            sums, sum_offs = self.sums.cpu(), self.sum_offs.cpu()
+            at = torch.searchsorted(sum_offs, start.cpu())
+            known = (at < sum_offs.numel()) & (sum_offs[at.clamp(max=max(sum_offs.numel() - 1, 0))] == start.cpu())
             lens = self.block_lengths(e)
             padded = torch.cat([self.pool, self.pool.new_zeros(g.raw_bytes)])
             rows = padded[start[:, None] + torch.arange(g.raw_bytes, device=self.device)]
             got = byte_sums(rows, 0, lens).cpu()
-            bad = (~known) | (got != self.sums[at.clamp(max=max(self.sum_offs.numel() - 1, 0))])
+            bad = (~known) | (got != sums[at.clamp(max=max(sum_offs.numel() - 1, 0))])
             if bool(bad.any()):
                 problems.append(f"checksum mismatch in blocks at offsets {start[bad.to(start.device)][:8].tolist()}")
         if problems:
@@ -289,7 +439,7 @@ def store_kv_native(pools: list, tables: list, seqs: list, nb0: int, nfull: int)
     of ``encode`` + ``store`` (tests/test_cache_v3.py). Returns False, having done nothing, where this
     path does not apply (no library, checksums kept, non-contiguous tables): the caller takes that one."""
     pk, pv = pools
-    if not (pk.native and pv.native) or pk.sums is not None or pv.sums is not None:
+    if not (pk.native and pv.native) or pk.sums is not None or pv.sums is not None or pk.sync_free or pv.sync_free:
         return False
     if not all(t.is_contiguous() and t.dtype == torch.int64 for t in tables):
         return False

@@ -89,6 +89,20 @@ def encode_blocks_cuda(x: torch.Tensor, base8: torch.Tensor, base16: torch.Tenso
     return EncodedBlocksV3(rows, nbytes, nbytes <= g.raw_bytes, torch.empty(0, dtype=torch.int32, device=x.device))
 
 
+def pack_blocks_cuda(rows: torch.Tensor, nbytes: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, pool: torch.Tensor,
+                     g: GeometryV3) -> None:
+    """Write encoded blocks into ``pool`` at device offsets ``offs`` (int64 ``[N]``, 16-byte multiples):
+    row i's first ``nbytes[i]`` bytes, or block i's BF16 bytes (``x`` ``[N, T, D]``) where it does not
+    fit. The same bytes as :func:`gaac_hf.codec.v3.pack_blocks` placed at ``offs``; no host sync."""
+    n = rows.shape[0]
+    if rows.shape[1:] != (g.raw_bytes,) or nbytes.shape != (n,) or offs.shape != (n,) or x.shape[0] != n:
+        raise ValueError(f"pack: rows [N, {g.raw_bytes}], nbytes [N], offs [N] and x [N, T, D], got {tuple(rows.shape)}, "
+                         f"{tuple(nbytes.shape)}, {tuple(offs.shape)}, {tuple(x.shape)}")
+    if n:
+        _launch(g, pool.device, "gaac_v3_pack", n, 256, rows.contiguous(), nbytes.to(torch.int32).contiguous(),
+                x.contiguous().view(torch.uint8), offs.to(torch.int64).contiguous(), pool)
+
+
 def decode_pool_cuda(pool: torch.Tensor, entries: torch.Tensor, base8: torch.Tensor, base16: torch.Tensor, g: GeometryV3,
                      *, out: torch.Tensor | None = None, tables=None) -> torch.Tensor:
     """CUDA twin of :func:`gaac_hf.codec.v3.decode_pool_v3`: BF16 ``[N, T, D]`` (into ``out`` if given).

@@ -328,3 +328,22 @@ gaac_v3_encode(const uint16_t* __restrict__ x, const uint8_t* __restrict__ b8, c
     nbytes[i] = nb;
   }
 }
+
+// Pack: block i's stored bytes -> pool + offs[i] (a 16-byte multiple the caller computed on the
+// device, so the host never learns the lengths): the encoder row's first nbytes[i] bytes, or its BF16
+// bytes x[i] when nbytes[i] > CAP (it does not fit: stored raw). One CTA per block, 16 B per thread
+// and step; stored lengths are 16-byte multiples (the format's block alignment).
+extern "C" __global__ void gaac_v3_pack(const uint8_t* __restrict__ rows, const int* __restrict__ nbytes,
+                                        const uint8_t* __restrict__ x, const long long* __restrict__ offs,
+                                        uint8_t* __restrict__ pool) {
+  const int i = blockIdx.x;
+  const int nb = nbytes[i];
+  const bool fits = nb <= CAP;
+  const int len = fits ? nb : CAP;
+  const uint8_t* src = (fits ? rows : x) + (size_t)i * CAP;
+  uint8_t* dst = pool + offs[i];
+  for (int k = 16 * threadIdx.x; k < len; k += 16 * blockDim.x) {
+    const uint4 v = ld128(src + k);
+    st128(dst + k, v.x, v.y, v.z, v.w);
+  }
+}
