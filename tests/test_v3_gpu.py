@@ -56,6 +56,13 @@ def test_gpu_encoder_decoder_reduce(cu, head_dim):
         same_bits(decode_pool_v3(pool, entries, b8, b16, g), x)
         fold = cu.decode_reduce_cuda(pool, entries, b8, b16, g)
         assert cu.xor_fold(fold) == cu.xor_fold(x)
+        # the pack at device offsets (sync-free stores): the reference pack's bytes, at a 16-byte start,
+        # into a poisoned pool whose bytes past the blocks stay untouched
+        start = 48
+        dev_pool = torch.full((start + pool.numel() + 64,), 0xA5, dtype=torch.uint8, device=dev)
+        cu.pack_blocks_cuda(raw.data, raw.nbytes, x, (entries & ~15) + start, dev_pool, g)
+        assert torch.equal(dev_pool[start: start + pool.numel()], pool)
+        assert bool((dev_pool[:start] == 0xA5).all()) and bool((dev_pool[start + pool.numel():] == 0xA5).all())
 
 
 def test_gpu_decoder_per_block_bases(cu):
