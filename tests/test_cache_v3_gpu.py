@@ -164,31 +164,38 @@ def test_unsupported_shapes_are_refused_with_the_reason():
 
 
 @pytest.mark.parametrize("checksums", [False, True])
-def test_v3_prefill_and_decode_steps_never_sync_the_host(model_table, checksums):
+def test_v3_prefill_and_decode_steps_never_sync_the_host(model_table, monkeypatch, checksums):
     """A v3 store on CUDA places blocks at device offsets (pool_v3 ``sync_free``): a prefill and decode
     steps that complete blocks run under torch's sync debug mode "error" (the fused v3 kernel where
-    it serves the layer, else decode + SDPA); what was stored reads back to DynamicCache's bits."""
+    it serves the layer), and leave every layer's pool bytes, tables and K/V bit-identical to the same
+    steps with pools that size each store on the host (``sync_free=False``)."""
+    import gaac_hf.cache.layer as layer_mod
+
     model, table = model_table
     ids = torch.randint(100, 49000, (2, 300), device="cuda")
-    dyn = DynamicCache(config=model.config)
-    cache = GAACCache(model.config, calibration=table, format_version=3, checksums=checksums)
-    with torch.no_grad():
-        nxt = model(input_ids=ids, past_key_values=dyn, logits_to_keep=1).logits[:, -1:].argmax(-1)
-        steps = [nxt]
-        for _ in range(20):  # 20 decode steps: 300 + 20 crosses block boundaries (block size 16)
-            steps.append(model(input_ids=steps[-1], past_key_values=dyn, logits_to_keep=1).logits[:, -1:].argmax(-1))
-        with attention(model, "gaac"):
+    cls, state = layer_mod._BlockPoolV3, {}
+    monkeypatch.setattr(layer_mod, "_BlockPoolV3", lambda *a, **k: cls(*a, sync_free=state["free"], **k))
+    caches = {}
+    for free in (False, True):
+        state["free"] = free
+        cache = caches[free] = GAACCache(model.config, calibration=table, format_version=3, checksums=checksums)
+        with torch.no_grad(), attention(model, "gaac"):
             torch.cuda.synchronize()
-            torch.cuda.set_sync_debug_mode("error")
+            torch.cuda.set_sync_debug_mode("error" if free else 0)
             try:
-                model(input_ids=ids, past_key_values=cache, logits_to_keep=1)
-                for tok in steps[:-1]:
-                    model(input_ids=tok, past_key_values=cache, logits_to_keep=1)
+                tok = model(input_ids=ids, past_key_values=cache, logits_to_keep=1).logits[:, -1:].argmax(-1)
+                for _ in range(20):  # 300 + 20 tokens cross block boundaries (block size 16)
+                    tok = model(input_ids=tok, past_key_values=cache, logits_to_keep=1).logits[:, -1:].argmax(-1)
             finally:
                 torch.cuda.set_sync_debug_mode(0)
-    assert cache.layers[0].pools[0].sync_free
-    for li in (0, 13, 29):
-        k, v = cache.layers[li].full_kv()
-        assert same_bits(k, dyn.layers[li].keys) and same_bits(v, dyn.layers[li].values)
-    st = cache.stats()
-    assert st["allocated_bytes"] >= st["resident_bytes"] and cache.verify()["checksums"] == checksums
+    exact, free = caches[False], caches[True]
+    assert free.layers[0].pools[0].sync_free and not exact.layers[0].pools[0].sync_free
+    for la, lb in zip(exact.layers, free.layers):
+        for kind in (0, 1):
+            pa, pb = la.pools[kind], lb.pools[kind]
+            assert pa.used == pb.used and torch.equal(pa.pool[: pa.used], pb.pool[: pb.used])
+            assert torch.equal(la.tables[kind][:, :, : la.num_blocks], lb.tables[kind][:, :, : lb.num_blocks])
+        ka, va = la.full_kv()
+        kb, vb = lb.full_kv()
+        assert same_bits(ka, kb) and same_bits(va, vb)
+    assert exact.stats() == free.stats() and free.verify()["checksums"] == checksums

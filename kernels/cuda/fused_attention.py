@@ -85,12 +85,14 @@ def threads_of(d: int, warps: int, pseg: int | None = None, kinds: int | None = 
 
 
 def default_stages(d: int, warps: int, pseg: int | None = None, kinds: int | None = None,
-                   k_slots: int | None = None) -> int:
-    """The deepest compressed ring (<= 8) that leaves the most CTAs per SM (3, else 2, else 1):
-    measured on the H200 (lab/cuda-decode-notebook.md, calls F2-F8) the kernel's time falls with
-    the number of producer warps per SM and does not change with ring depth beyond 3 stages."""
-    for ctas in (3, 2):
-        for s in range(8, 2, -1):
+                   k_slots: int | None = None, group: int = 4) -> int:
+    """The deepest compressed ring (<= 8) that leaves the most CTAs per SM (4, 3, else 2, else 1) the
+    registers allow (:func:`regs_needed` for ``group``): measured on the H200 (lab/cuda-decode-notebook.md,
+    calls F2-F8, J1) the kernel's time falls with the number of producer warps per SM and does not
+    change with ring depth beyond 2-3 stages."""
+    threads, need = threads_of(d, warps, pseg, kinds), regs_needed(d, group, pseg, kinds)
+    for ctas in (c for c in (4, 3, 2) if 65536 // (threads * c) >= need):
+        for s in range(8, 1, -1):
             if ctas * (cta_bytes(d, warps, s, pseg, kinds, k_slots) + 1024) <= 228 * 1024:
                 return s
     for s in range(8, 1, -1):  # else one CTA per SM with the deepest ring that fits
@@ -111,8 +113,10 @@ def max_ctas_per_sm(d: int, warps: int, stages: int, group: int, pseg: int | Non
 # registers per thread the kernel uses (sm_90a ptxas, 2 consumer warps); a CTAs-per-SM choice must
 # leave them (tests/test_cuda_build.py compiles at the tightest cap the table allows: no spills)
 # keys (head_dim, segments per producer, kinds per producer)
+# (one producer per kind at d=64 / 128: 92-96 uncapped, and ptxas fits them in 80 under the 4-CTA cap of
+# 85 without spills, which call J1 measured 4-10% faster than 3 CTAs at 96)
 _REGS_NEEDED = {(64, 1, 2): 102, (128, 1, 2): 93, (128, 2, 2): 127, (256, 1, 2): 152, (256, 2, 2): 152,
-                (64, 1, 1): 96, (128, 1, 1): 93, (128, 2, 1): 96, (256, 1, 1): 152, (256, 2, 1): 152}
+                (64, 1, 1): 80, (128, 1, 1): 93, (128, 2, 1): 80, (256, 1, 1): 152, (256, 2, 1): 152}
 _REGS_NEEDED_G16 = {(64, 1, 2): 136, (128, 1, 2): 160, (128, 2, 2): 160, (256, 1, 2): 200, (256, 2, 2): 200,
                     (64, 1, 1): 136, (128, 1, 1): 160, (128, 2, 1): 160, (256, 1, 1): 200, (256, 2, 1): 200}
 
@@ -124,7 +128,13 @@ def regs_needed(d: int, group: int, pseg: int | None = None, kinds: int | None =
 DEFAULT_WARPS = 2      # consumer warps (the BF16 twin's warps for bit identity)
 DEFAULT_PRODUCER_SEGMENTS = 2
 DEFAULT_PRODUCER_KINDS = 1  # kinds (K, V) per producer warp: 1 = one producer per kind (call G10: 116 -> 99 us)
-DEFAULT_DECODED_K_SLOTS = 2  # slots of the decoded K ring (1 frees 16 (d + 8) * 2 B per consumer warp)
+
+
+def default_k_slots(d: int) -> int:
+    """Slots of the decoded K ring: 1 at d <= 128, where the freed 16 (d + 8) * 2 B per consumer warp let
+    a 4th CTA fit per SM (call J1: 4-10% faster, Qwen3 B=1 64K 99.1 -> 94.9 us); 2 at d = 256, which runs
+    one CTA per SM either way (one slot measured 5% slower there)."""
+    return 1 if d <= 128 else 2
 
 
 def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, max_tokens: int,
@@ -143,10 +153,10 @@ def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, 
     kinds = config.producer_kinds or DEFAULT_PRODUCER_KINDS
     if kinds not in (1, 2):
         raise ValueError(f"producer_kinds must be 1 or 2, got {config.producer_kinds}")
-    k_slots = config.decoded_k_slots or DEFAULT_DECODED_K_SLOTS
+    k_slots = config.decoded_k_slots or default_k_slots(head_dim)
     if k_slots not in (1, 2):
         raise ValueError(f"decoded_k_slots must be 1 or 2, got {config.decoded_k_slots}")
-    stages = config.num_stages or default_stages(head_dim, warps, pseg, kinds, k_slots)
+    stages = config.num_stages or default_stages(head_dim, warps, pseg, kinds, k_slots, group)
     tile = 16 * warps
     threads = threads_of(head_dim, warps, pseg, kinds)
     smem = smem_bytes(head_dim, warps, stages, pseg=pseg, kinds=kinds, k_slots=k_slots)
