@@ -342,7 +342,7 @@ def test_sync_free_store_matches_the_exact_store(monkeypatch, lag, checksums):
     that never waits; here on the CPU library, snapshots landing ``lag`` look-ups late) leaves the
     same pool bytes, tables, tails and counters as the exact store, through prefills, decode steps,
     crop and batch selection; its host bound never falls below the bytes in use, and the capacity
-    exceeds them by less than the page + guard + the worst-case excess of the store that grew it."""
+    exceeds them by less than a page + the guard + a decode step's worst-case excess per snapshot in flight."""
     from gaac_hf.cache.pool_v3 import GUARD
 
     if not native.available():
@@ -374,14 +374,15 @@ def test_sync_free_store_matches_the_exact_store(monkeypatch, lag, checksums):
                 assert torch.equal(pa.counts, pb.counts.cpu()) and pa.n_blocks == pb.n_blocks
                 assert torch.equal(la.tables[kind][:, :, : la.num_blocks], lb.tables[kind][:, :, : lb.num_blocks])
                 assert pb.bound.bound() >= pb.used
-                worst = max(pb.page_bytes(), 3 * 2 * 4 * la.geometry.raw_bytes)  # a 50-token prefill: 4 blocks per row and head
-                assert GUARD <= pb.pool.numel() - pb.used < pb.page_bytes() + GUARD + worst + (lag > 0) * 2 * worst, (step, op)
+                # slack: a page + a decode step's worst-case excess per snapshot not yet landed (prefills are sized exactly)
+                assert GUARD <= pb.pool.numel() - pb.used < (2 + lag) * pb.page_bytes() + GUARD, (step, op)
                 if lag == 0:
                     used, raw, blocks = pb.snapshot()
                     assert (used, raw, blocks) == (pa.used, int(pa.counts[3]), pa.n_blocks)
             got = lb.full_kv()
             want = la.full_kv()
             assert tc.same_bits(got[0], want[0]) and tc.same_bits(got[1], want[1]), (step, op)
-    assert exact.stats() == free.stats()
+    sa, sb = exact.stats(), free.stats()
+    assert {k: v for k, v in sa.items() if "allocated" not in k} == {k: v for k, v in sb.items() if "allocated" not in k}
     if checksums:
         assert free.verify()["checksums"]

@@ -14,14 +14,16 @@ Codec: on the CPU the C++ library of :mod:`gaac_hf.kernels.cpu` (built from the 
 bytes as the reference), else the PyTorch reference :mod:`gaac_hf.codec.v3`; on CUDA the v3 CUDA
 codec (``kernels/cuda/codec_v3.py``) when it loads, else the reference.
 
-Host syncs: a pool with the CUDA codec stores without any (``sync_free``): block offsets are computed
-on the device from the encoded lengths (:class:`_UsedBound` keeps the bytes in use in a device counter
-and, on the host, an upper bound that never waits: the exact value as of the last store whose
-non-blocking snapshot has landed, plus the worst case, BF16 size, of every block stored since); the
-pool grows by pages when that bound needs it. The counters (modes, raw blocks) stay on the device
-until ``stats()``. Allocated bytes then exceed the bytes in use by less than one page + the worst case
-of the stores whose snapshot has not landed + the guard. Reading ``used`` / ``n_slots`` syncs (stats,
-verify, compact do). The reference codec on CUDA sizes the pool on the host (one sync per store).
+Host syncs: a pool with the CUDA codec stores a decode step's blocks without any (``sync_free``):
+block offsets are computed on the device from the encoded lengths (:class:`_UsedBound` keeps the bytes
+in use in a device counter and, on the host, an upper bound that never waits: the exact value as of
+the last store whose non-blocking snapshot has landed, plus the worst case, BF16 size, of every block
+stored since); the pool grows by pages when that bound needs it. A store of more than a page of worst
+case (a prefill) is sized exactly instead: one host sync, so a prefill never leaves its worst case
+reserved. The counters (modes, raw blocks) stay on the device until ``stats()``. Allocated bytes exceed
+the bytes in use by less than two pages (one of slack, one of a decode step's worst-case excess while
+its snapshot is in flight) + the guard. Reading ``used`` / ``n_slots`` syncs (stats, verify, compact
+do). The reference codec on CUDA sizes every store on the host (one sync each).
 """
 from __future__ import annotations
 
@@ -138,6 +140,10 @@ class _UsedBound:
             self.pending = self.lag if self.pending is None else self.pending
         self.pending_worst = self.worst
 
+    def set_exact(self, used: int, raw: int, blocks: int, worst: int) -> None:
+        """The values after a store of worst case ``worst`` that the host read exactly (one sync)."""
+        self.known, self.known_worst, self.pending = (used, raw, blocks), self.worst + worst, None
+
     def reset(self, used: int, raw: int, blocks: int) -> None:
         """After a host-side rebuild (compact): the exact values are known."""
         self.dev.fill_(used)
@@ -241,14 +247,17 @@ class _BlockPoolV3:
     def _room(self, total: int) -> None:
         """Make room for ``total`` more bytes, which the caller writes at ``used`` right away: a new
         pool is zeroed only past them (the guard and the page's slack), not filled twice."""
-        need = self.used + total + GUARD
+        self._room_exact(self.used, total)
+
+    def _room_exact(self, used: int, total: int) -> None:
+        need = used + total + GUARD
         if need <= self.pool.numel():
             return
         page = self.page_bytes()
-        cap = self.used + GUARD + -(-(need - self.used - GUARD) // page) * page
+        cap = used + GUARD + -(-(need - used - GUARD) // page) * page
         pool = torch.empty(cap, dtype=torch.uint8, device=self.device)
-        pool[: self.used] = self.pool[: self.used]
-        pool[self.used + total :].zero_()
+        pool[:used] = self.pool[:used]
+        pool[used + total :].zero_()
         self.pool = pool
 
     # -- encode and store ------------------------------------------------------------------------
@@ -303,7 +312,15 @@ class _BlockPoolV3:
         """:meth:`store` without a host sync: offsets from the device counter, growth from the bound."""
         g = self.geometry
         n = blocks.shape[0]
-        self._room_bound(n * g.raw_bytes)
+        worst = n * g.raw_bytes
+        if worst > self.page_bytes():
+            # more than a decode step's blocks (a prefill): reserving the worst case would leave up to
+            # ~30% of the prefill's BF16 bytes unused until a snapshot lands, so size it exactly (one sync)
+            used, total, raw = torch.stack([self.bound.dev[0], lens.sum(), self.counts[3] + (~enc.fits).sum()]).tolist()
+            self._room_exact(used, total)
+            self.bound.set_exact(used + total, raw, self.n_blocks + n, worst)
+        else:
+            self._room_bound(worst)
         ends = self.bound.dev + torch.cumsum(lens, 0)
         offs = ends - lens
         if self.native:
