@@ -18,10 +18,16 @@ Memory (``MEMORY_METHOD`` below, also written into the JSON): a third fresh proc
 the same forwards without keeping any K/V (``use_cache=False``), so its peak RSS is the model's and its
 activations'. The peak RSS of the cache part of a cache kind is its process's peak RSS (``ru_maxrss``)
 minus the ``none`` process's (``cache_peak_rss_mb``): what holding that cache, its temporaries and its
-allocator leftovers added to the process at its worst moment. Beside it, the same difference of glibc's
-bytes in use (``mallinfo2``, sampled before and after every attention and MLP module and inside the GAAC
-encoder's pack, while its buffer is alive: ``cache_peak_alloc_mb``), and the bytes the cache's own
-tensors hold after the last step (``cache_mb``; GAAC: ``stats()["allocated_bytes"]``).
+allocator leftovers added to the process at its worst moment. One process's peak RSS is not repeatable
+to better than several MB: glibc's heap extent (bytes taken from the OS) differs by up to ~10 MB between
+runs of the same code with the same bytes in use (measured: ``lab/NOTES.md``, "CPU peak RSS"), which
+is a third of the whole cache part at 1K tokens. So each kind runs in ``--mem-reps`` fresh processes (the
+kinds' order rotated between rounds) and the peak RSS is the median of its processes (every process's
+value is kept: ``peak_rss_mb_runs``). Beside it, the same difference of glibc's bytes in use
+(``mallinfo2``, sampled before and after every attention and MLP module and inside the GAAC encoder's
+pack, while its buffer is alive: ``cache_peak_alloc_mb``, repeatable to ~0.1 MB), the heap extent at the
+same points (``peak_heap_mb``), and the bytes the cache's own tensors hold after the last step
+(``cache_mb``; GAAC: ``stats()["allocated_bytes"]``).
 
 Writes ``eval/results/cpu_decode_smollm2.json`` (``rows``: ``context``, ``s_per_token`` {dynamic, gaac}
 (median step; ``s_per_token_min`` the fastest; the 1-minute load average after each run is recorded
@@ -29,7 +35,7 @@ too), ``prefill_s`` {dynamic, gaac}, ``peak_rss_mb`` {dynamic, gaac, none}, ``ca
 ``cache_peak_alloc_mb`` {dynamic, gaac}, ``cache_mb`` {dynamic, gaac}, ``gaac_stages`` and ratios) and a
 PNG plot beside it.
 
-    python eval/bench_cpu_decode.py [--contexts 1024 4096 16384] [--steps 16] [--threads 2] [--prefill-reps N]
+    python eval/bench_cpu_decode.py [--contexts 1024 4096 16384] [--steps 16] [--threads 2] [--prefill-reps N] [--mem-reps N]
 """
 from __future__ import annotations
 
@@ -48,12 +54,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results" / "cpu_decode_smollm2.json"
-MEMORY_METHOD = ("one fresh process per cache kind and context, same prompt and forwards; peak_rss_mb: that process's "
-                 "ru_maxrss; cache_peak_rss_mb[kind] = peak_rss_mb[kind] - peak_rss_mb['none'], where kind 'none' runs "
-                 "the same forwards with use_cache=False (the model and its activations, no K/V kept); "
-                 "cache_peak_alloc_mb: the same difference of glibc mallinfo2 bytes in use (uordblks + hblkhd), "
-                 "sampled before/after every self_attn and mlp module and inside GAAC's pack_kv; cache_mb: bytes of "
-                 "the cache's tensors after the last step. Prefills use logits_to_keep=1, as generate() does.")
+MEMORY_METHOD = ("mem_reps fresh processes per cache kind and context (kinds' order rotated between rounds), same "
+                 "prompt and forwards; peak_rss_mb: the median over a kind's processes of each one's ru_maxrss (every "
+                 "value in peak_rss_mb_runs: one process's peak varies by several MB between runs of the same code, "
+                 "glibc's heap extent differing while its bytes in use do not); cache_peak_rss_mb[kind] = "
+                 "peak_rss_mb[kind] - peak_rss_mb['none'], where kind 'none' runs the same forwards with "
+                 "use_cache=False (the model and its activations, no K/V kept); cache_peak_alloc_mb: the same "
+                 "difference of glibc mallinfo2 bytes in use (uordblks + hblkhd; medians likewise), sampled "
+                 "before/after every self_attn and mlp module and inside GAAC's pack_kv; peak_heap_mb: mallinfo2 "
+                 "arena + hblkhd (bytes malloc holds from the OS) at the same points; cache_mb: bytes of the cache's "
+                 "tensors after the last step. Prefills use logits_to_keep=1, as generate() does.")
 
 
 def timed(fn, stages: dict, key: str):
@@ -74,14 +84,16 @@ class _MallInfo2(ctypes.Structure):
 
 def alloc_sampler(model) -> dict:
     """Hooks that keep ``peak["bytes"]``: the most bytes glibc had in use at any sample point (before and
-    after every self_attn and mlp module of ``model``; callers add their own points with ``peak["sample"]``)."""
+    after every self_attn and mlp module of ``model``; callers add their own points with ``peak["sample"]``),
+    and ``peak["heap"]``: the most bytes it held from the OS (arenas + mmapped chunks) at those points."""
     libc = ctypes.CDLL("libc.so.6")
     libc.mallinfo2.restype = _MallInfo2
-    peak = {"bytes": 0}
+    peak = {"bytes": 0, "heap": 0}
 
     def sample(*_):
         m = libc.mallinfo2()
         peak["bytes"] = max(peak["bytes"], m.uordblks + m.hblkhd)
+        peak["heap"] = max(peak["heap"], m.arena + m.hblkhd)
 
     for layer in model.model.layers:
         for mod in (layer.self_attn, layer.mlp):
@@ -103,8 +115,9 @@ def _tokens(tok, n: int):
     return ids[:n].unsqueeze(0)
 
 
-def child(kind: str, context: int, steps: int, threads: int) -> dict:
-    """One configuration in this process (kind dynamic, gaac or none); returns its measurements."""
+def child(kind: str, context: int, steps: int, threads: int, memory_only: bool = False) -> dict:
+    """One configuration in this process (kind dynamic, gaac or none); returns its measurements.
+    ``memory_only``: no interleaved decode steps after the measured ones (a repeat for the memory figures)."""
     import torch
     from transformers import DynamicCache
 
@@ -156,8 +169,8 @@ def child(kind: str, context: int, steps: int, threads: int) -> dict:
     res = {"prefill_s": prefill, "step_s": times, "s_per_token": statistics.median(times), "s_per_token_min": min(times),
            "loadavg_1min_after": os.getloadavg()[0],
            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "rss_after_load_mb": rss0,
-           "peak_alloc_mb": peak["bytes"] / 2**20, "cache_mb": cache_bytes / 2**20}
-    if kind == "gaac":
+           "peak_alloc_mb": peak["bytes"] / 2**20, "peak_heap_mb": peak["heap"] / 2**20, "cache_mb": cache_bytes / 2**20}
+    if kind == "gaac" and not memory_only:
         res["stages"] = {"prefill_append_s": prefill_stages["append"],
                          "decode_attention_s_per_step": stages["attention"] / steps,
                          "decode_append_s_per_step": stages["append"] / steps,
@@ -266,12 +279,17 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prefill-reps", type=int, default=None,
                     help="interleaved prefills of each cache (default 4, 2 from 16K tokens on: whole ABBA rounds)")
+    ap.add_argument("--mem-reps", type=int, default=None,
+                    help="fresh processes per cache kind for the memory figures (medians; the first also gives the times; "
+                         "default 5 below 4K tokens, 3 below 16K, 2 from 16K on: the cache part grows, the noise does not)")
+    ap.add_argument("--memory-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--child", nargs=2, metavar=("KIND", "CONTEXT"))
     a = ap.parse_args()
     if a.child:
         kind, context = a.child[0], int(a.child[1])
-        res = prefill_child(context, a.prefill_reps, a.threads) if kind == "prefill" else child(kind, context, a.steps, a.threads)
+        res = (prefill_child(context, a.prefill_reps, a.threads) if kind == "prefill"
+               else child(kind, context, a.steps, a.threads, a.memory_only))
         print("RESULT " + json.dumps(res))
         return
     rows, load0 = [], os.getloadavg()[0]
@@ -281,24 +299,34 @@ def main() -> None:
     if commit and not os.environ.get("GAAC_COMMIT"):
         os.environ["GAAC_COMMIT"], os.environ["GAAC_DIRTY"] = commit, "1" if dirty else "0"
     for context in a.contexts:
-        got = {}
-        for kind in ("dynamic", "gaac", "none"):
-            got[kind] = _run_child(["--child", kind, str(context), "--steps", str(a.steps), "--threads", str(a.threads)])
-            print(context, kind, {k: v for k, v in got[kind].items() if k not in ("step_s", "interleaved")}, flush=True)
+        got, mem = {}, {"dynamic": [], "gaac": [], "none": []}
+        kinds = ("dynamic", "gaac", "none")
+        mem_reps = max(a.mem_reps or (5 if context < 4096 else 3 if context < 16384 else 2), 1)
+        for r in range(mem_reps):
+            for kind in kinds[r % 3:] + kinds[: r % 3]:  # rotated: a drift in the machine's state hits every kind
+                args = ["--child", kind, str(context), "--steps", str(a.steps), "--threads", str(a.threads)]
+                res = _run_child(args + (["--memory-only"] if r else []))
+                got.setdefault(kind, res)
+                mem[kind].append({k: res[k] for k in ("peak_rss_mb", "peak_alloc_mb", "peak_heap_mb")})
+                print(context, kind, r, {k: v for k, v in res.items() if k not in ("step_s", "interleaved")}, flush=True)
+        med = {kind: {k: statistics.median(m[k] for m in runs) for k in runs[0]} for kind, runs in mem.items()}
         reps = a.prefill_reps or (4 if context < 16384 else 2)
         pre = _run_child(["--child", "prefill", str(context), "--prefill-reps", str(reps), "--threads", str(a.threads)])
         print(context, "prefill", pre["prefill_s"], pre["prefill_s_min"], flush=True)
         pair = lambda key: {k: got[k][key] for k in ("dynamic", "gaac")}  # noqa: E731
-        over_none = lambda key: {k: got[k][key] - got["none"][key] for k in ("dynamic", "gaac")}  # noqa: E731
+        over_none = lambda key: {k: med[k][key] - med["none"][key] for k in ("dynamic", "gaac")}  # noqa: E731
+        runs = lambda key: {k: [m[key] for m in mem[k]] for k in kinds}  # noqa: E731
         inter = got["gaac"].pop("interleaved")
         rows.append({"context": context, "s_per_token": inter["s_per_token"], "s_per_token_min": inter["s_per_token_min"],
                      "step_s": inter["step_s"], "separate_process_s_per_token": pair("s_per_token"),
                      "separate_process_s_per_token_min": pair("s_per_token_min"), "prefill_s": pre["prefill_s"],
                      "prefill_s_min": pre["prefill_s_min"], "prefill_interleaved": pre,
                      "separate_process_prefill_s": pair("prefill_s"),
-                     "peak_rss_mb": pair("peak_rss_mb") | {"none": got["none"]["peak_rss_mb"]},
+                     "peak_rss_mb": {k: med[k]["peak_rss_mb"] for k in kinds}, "peak_rss_mb_runs": runs("peak_rss_mb"),
                      "cache_peak_rss_mb": over_none("peak_rss_mb"), "cache_peak_alloc_mb": over_none("peak_alloc_mb"),
-                     "peak_alloc_mb": pair("peak_alloc_mb") | {"none": got["none"]["peak_alloc_mb"]},
+                     "peak_alloc_mb": {k: med[k]["peak_alloc_mb"] for k in kinds}, "peak_alloc_mb_runs": runs("peak_alloc_mb"),
+                     "peak_heap_mb": {k: med[k]["peak_heap_mb"] for k in kinds}, "peak_heap_mb_runs": runs("peak_heap_mb"),
+                     "mem_reps": mem_reps,
                      "rss_after_load_mb": pair("rss_after_load_mb"),
                      "cache_mb": pair("cache_mb"), "loadavg_1min_after": pair("loadavg_1min_after") | {"interleaved": inter["loadavg_1min_after"]},
                      "gaac_stages": got["gaac"]["stages"],
@@ -307,8 +335,8 @@ def main() -> None:
                      "prefill_vs_dynamic": pre["prefill_s"]["gaac"] / pre["prefill_s"]["dynamic"],
                      "prefill_min_vs_dynamic_min": pre["prefill_s_min"]["gaac"] / pre["prefill_s_min"]["dynamic"],
                      "cache_vs_dynamic": got["gaac"]["cache_mb"] / got["dynamic"]["cache_mb"],
-                     "cache_peak_rss_vs_dynamic": ((got["gaac"]["peak_rss_mb"] - got["none"]["peak_rss_mb"])
-                                                   / (got["dynamic"]["peak_rss_mb"] - got["none"]["peak_rss_mb"]))})
+                     "cache_peak_rss_vs_dynamic": ((med["gaac"]["peak_rss_mb"] - med["none"]["peak_rss_mb"])
+                                                   / (med["dynamic"]["peak_rss_mb"] - med["none"]["peak_rss_mb"]))})
         out = Path(a.out)
         harness.write_result(out, {"rows": rows, "threads": a.threads, "steps": a.steps, "model": "SmolLM2-135M-Instruct (bf16)",
                                    "gaac": "GAACCache(format_version=3, calibration='smollm2-135m'), gaac attention (tiled C++)",
