@@ -23,8 +23,9 @@ missing = [n for n in need if n not in names]
 assert not missing, f"wheel lacks {missing}"
 print(f"wheel: {len(names)} files")
 PY
-python -m venv --system-site-packages "$WORK/venv"
-"$WORK/venv/bin/pip" install -q --no-deps "$WHEEL"
+# no pip of its own (seeding one costs ~10 s): this python's pip installs into it (pip --python)
+python -m venv --without-pip --system-site-packages "$WORK/venv"
+python -m pip --python "$WORK/venv/bin/python" install -q --no-deps "$WHEEL"
 mkdir "$WORK/elsewhere" && cd "$WORK/elsewhere"
 # the venv's own copy, not the checkout (an editable install of the checkout may sit in site-packages)
 "$WORK/venv/bin/python" -c "import gaac_hf, sys; p = gaac_hf.__file__; print('gaac_hf from', p); sys.exit(not p.startswith('$WORK/venv/'))"
