@@ -49,26 +49,6 @@ inline int check_block(const Geom& g, const uint8_t* blk, long long avail) {
   return 0;
 }
 
-// The fix-up walk of segment s: fix(c, r, entry, raw) for each listed group (chunk c, row r) in entry
-// order, raw = its raw word (g.raw_word bytes, little-endian; 0 unless the entry is raw). Raw words
-// in entry order from the segment's start, as a warp finds them (one lane per entry).
-template <class Fix>
-inline void for_each_entry(const Geom& g, const uint8_t* blk, int s, int n_ent_total, Fix fix) {
-  const uint32_t s0 = ld32(blk + g.segtab_off + 4 * s), s1 = ld32(blk + g.segtab_off + 4 * (s + 1));
-  const int e0 = s0 & 0xFFFF, n = (int)(s1 & 0xFFFF) - e0;
-  int raw_idx = s0 >> 16;
-  for (int i = 0; i < n; ++i) {
-    const uint32_t entry = blk[g.entry_off + 2 * (e0 + i)] | (blk[g.entry_off + 2 * (e0 + i) + 1] << 8);
-    const int pos = entry_pos(entry);
-    uint32_t rw = 0;
-    if (entry_raw(entry)) {
-      const uint8_t* p = blk + raw_off(g, n_ent_total) + g.raw_word * raw_idx++;
-      for (int b = 0; b < g.raw_word; ++b) rw |= (uint32_t)p[b] << (8 * b);
-    }
-    fix(SEG_CHUNKS * s + pos / CHUNK_ROWS, pos % CHUNK_ROWS, entry, rw);
-  }
-}
-
 // Decode one compressed block into BF16 pair words out[row * out_row_words + pair] (row-major
 // [T, D] when out_row_words = D/2). b8p / dbp: the head's pair constants (head_consts).
 inline void decode_block(const Geom& g, const uint8_t* blk, const uint32_t* b8p, const uint32_t* dbp, uint32_t* out,
@@ -100,10 +80,17 @@ inline void decode_block(const Geom& g, const uint8_t* blk, const uint32_t* b8p,
       for (int r = 0; r < 4; ++r)
         for (int p = 0; p < 4; ++p) out[(row0 + r) * out_row_words + 4 * col + p] = ov[4 * r + p][lane];
     }
-    for_each_entry(g, blk, s, n_ent_total, [&](int c, int r, uint32_t entry, uint32_t rw) {
+    // the fix-up: one lane per entry of the segment; raw words in entry order from the segment's start
+    const uint32_t s0 = ld32(blk + g.segtab_off + 4 * s), s1 = ld32(blk + g.segtab_off + 4 * (s + 1));
+    const int e0 = s0 & 0xFFFF, n = (int)(s1 & 0xFFFF) - e0;
+    int raw_idx = s0 >> 16;
+    for (int i = 0; i < n; ++i) {
+      const uint32_t entry = blk[g.entry_off + 2 * (e0 + i)] | (blk[g.entry_off + 2 * (e0 + i) + 1] << 8);
+      const int pos = entry_pos(entry), c = SEG_CHUNKS * s + pos / 4, r = pos % 4;
+      const uint32_t rw = entry_raw(entry) ? ld32(blk + raw_off(g, n_ent_total) + 4 * raw_idx++) : 0;
       const int col = chunk_col(g, c), row = chunk_row0(g, c) + r;
       fix_group(out + row * out_row_words + 4 * col, dbp + 4 * col, entry, rw);
-    });
+    }
   }
 }
 
@@ -113,15 +100,14 @@ struct EncodeScratch {
   std::vector<uint32_t> raws;
 };
 
-// Encode one block chunk by chunk into out: its first min(length, cap) bytes (nothing after them is
-// written). chunk(c, b8w, b16w, buf) encodes chunk c with its channels' bases (2 words each), writes
-// its sign/mantissa bytes into the block buf and returns its ExpCode (raw words of g.raw_word bytes);
-// the code words, entries, raw words, segment table and padding are written here. Returns the
-// block's stored length (may exceed cap: then the caller stores the block uncompressed); n_ent /
-// n_raw: its wide and raw group counts (the totals of its segment table).
-template <class Chunk>
-inline int encode_listing(const Geom& g, Chunk chunk, const uint8_t* b8, const uint8_t* b16, EncodeScratch& sc,
-                          uint8_t* out, int cap, int* n_ent_out, int* n_raw_out) {
+// Encode one block whose row r (D/2 BF16 pair words) is at row_words(r), with the head's uint8 bases,
+// into out: its first min(length, cap) bytes (nothing after them is written). Returns the block's
+// stored length (may exceed cap: then the caller stores the block as BF16); n_ent / n_raw: its wide
+// and raw group counts (the totals of its segment table). The rows come through a callable so that a
+// strided [B, H, S, D] tensor needs no copy.
+template <class RowWords>
+inline int encode_block_rows(const Geom& g, RowWords row_words, const uint8_t* b8, const uint8_t* b16, EncodeScratch& sc,
+                             uint8_t* out, int cap, int* n_ent_out, int* n_raw_out) {
   // room for any block before truncation to cap; every byte of a block is written below (the code
   // words and sm bytes whole, the padding after the entries and after the raw words explicitly)
   const size_t room = 2 * (size_t)cap + 64 * g.chunks;
@@ -130,16 +116,23 @@ inline int encode_listing(const Geom& g, Chunk chunk, const uint8_t* b8, const u
   sc.raws.clear();
   int n_ent = 0, seg_ent = 0, seg_raw = 0;
   for (int c = 0; c < g.chunks; ++c) {
-    const int s = c / SEG_CHUNKS, lane = c % SEG_CHUNKS, col = chunk_col(g, c);
+    const int s = c / SEG_CHUNKS, lane = c % SEG_CHUNKS, col = chunk_col(g, c), row0 = chunk_row0(g, c);
     if (lane == 0) {
       seg_ent = n_ent;
       seg_raw = (int)sc.raws.size();
       st32(&buf[g.segtab_off + 4 * s], (uint32_t)seg_ent | ((uint32_t)seg_raw << 16));
     }
+    uint32_t xv[16];
+    for (int r = 0; r < 4; ++r) {
+      const uint32_t* xr = row_words(row0 + r);
+      for (int p = 0; p < 4; ++p) xv[4 * r + p] = xr[4 * col + p];
+    }
+    ChunkCode cc;
     uint32_t b8w[2], b16w[2];
     std::memcpy(b8w, b8 + 8 * col, 8);
     std::memcpy(b16w, b16 + 8 * col, 8);
-    const ExpCode cc = chunk(c, b8w, b16w, buf);
+    encode_chunk(xv, b8w, b16w, cc);
+    for (int i = 0; i < 8; ++i) st32(&buf[32 * c + 4 * i], cc.sm[i]);
     for (int k = 0; k < 3; ++k) st32(&buf[code_word_off(g, s, lane, k)], cc.w[k]);
     for (int r = 0; r < 4; ++r) {
       if ((cc.wide >> r) & 1) {  // entries go straight to their place: segments are walked in order
@@ -155,33 +148,12 @@ inline int encode_listing(const Geom& g, Chunk chunk, const uint8_t* b8, const u
   st32(&buf[g.segtab_off + 4 * g.segs], (uint32_t)n_ent | ((uint32_t)n_raw << 16));
   const int ro = raw_off(g, n_ent), len = block_bytes(g, n_ent, n_raw);
   std::memset(&buf[g.entry_off + 2 * n_ent], 0, ro - (g.entry_off + 2 * n_ent));
-  for (int i = 0; i < n_raw; ++i)
-    for (int b = 0; b < g.raw_word; ++b) buf[ro + g.raw_word * i + b] = (sc.raws[i] >> (8 * b)) & 0xFF;
-  std::memset(&buf[ro + g.raw_word * n_raw], 0, len - (ro + g.raw_word * n_raw));
+  for (int i = 0; i < n_raw; ++i) st32(&buf[ro + 4 * i], sc.raws[i]);
+  std::memset(&buf[ro + 4 * n_raw], 0, len - (ro + 4 * n_raw));
   std::memcpy(out, buf, len < cap ? len : cap);
   *n_ent_out = n_ent;
   *n_raw_out = n_raw;
   return len;
-}
-
-// Encode one block whose row r (D/2 BF16 pair words) is at row_words(r), with the head's uint8 bases
-// (encode_listing). The rows come through a callable so that a strided [B, H, S, D] tensor needs no copy.
-template <class RowWords>
-inline int encode_block_rows(const Geom& g, RowWords row_words, const uint8_t* b8, const uint8_t* b16, EncodeScratch& sc,
-                             uint8_t* out, int cap, int* n_ent_out, int* n_raw_out) {
-  auto chunk = [&](int c, const uint32_t b8w[2], const uint32_t b16w[2], uint8_t* buf) -> ExpCode {
-    const int col = chunk_col(g, c), row0 = chunk_row0(g, c);
-    uint32_t xv[16];
-    for (int r = 0; r < 4; ++r) {
-      const uint32_t* xr = row_words(row0 + r);
-      for (int p = 0; p < 4; ++p) xv[4 * r + p] = xr[4 * col + p];
-    }
-    ChunkCode cc;
-    encode_chunk(xv, b8w, b16w, cc);
-    for (int i = 0; i < 8; ++i) st32(&buf[32 * c + 4 * i], cc.sm[i]);
-    return cc;
-  };
-  return encode_listing(g, chunk, b8, b16, sc, out, cap, n_ent_out, n_raw_out);
 }
 
 // Encode one block x (BF16 pair words, row-major [T, D]) with the head's uint8 bases into row (cap
