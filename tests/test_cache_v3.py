@@ -386,3 +386,23 @@ def test_sync_free_store_matches_the_exact_store(monkeypatch, lag, checksums):
     assert {k: v for k, v in sa.items() if "allocated" not in k} == {k: v for k, v in sb.items() if "allocated" not in k}
     if checksums:
         assert free.verify()["checksums"]
+
+
+@pytest.fixture
+def v3_sync_free(monkeypatch, v3_exact):
+    """v3 storage whose pools store as CUDA pools do (``sync_free``), snapshots landing 2 look-ups late."""
+    cls = layer_mod._BlockPoolV3
+    monkeypatch.setattr(layer_mod, "_BlockPoolV3", lambda *a, **k: cls(*a, sync_free=True, snapshot_lag=2, **k))
+
+
+@pytest.mark.parametrize("name", ["test_greedy_many_blocks_bit_identical", "test_special_values_survive_the_cache_bit_for_bit"])
+def test_sync_free_store_on_real_kv_and_special_values(name, model_tok, table, v3_sync_free, request):
+    """Real SmolLM2 K/V through many blocks (generate tokens and logits bit-identical to DynamicCache),
+    and NaN / Inf / -0 / subnormal K/V in compressed, BF16-stored and tail positions, with sync-free pools."""
+    if not native.available():
+        pytest.skip("the CPU library is not built here (no compiler)")
+    fn = getattr(tc, name)
+    import inspect
+
+    args = {p: (request.getfixturevalue(p) if p != "codec_path" else "reference") for p in inspect.signature(fn).parameters}
+    fn(**args)
