@@ -139,8 +139,6 @@ class LaunchConfig:
     producer for each (twice the producers, each with half the look-ups and copies).
     decoded_k_slots: the fused CUDA kernel: slots of each consumer's decoded K ring (2, or 1: the
     consumer frees K once S is computed, so the ring takes less shared memory and more CTAs fit).
-    copy_issue: the fused CUDA kernel: which warps issue the compressed tiles' copies, "producer" (each
-    producer its own, the default) or "consumer" (each consumer warp its producers'; they only decode).
     """
 
     num_splits: int | None = None
@@ -153,7 +151,6 @@ class LaunchConfig:
     producer_segments: int | None = None
     producer_kinds: int | None = None
     decoded_k_slots: int | None = None
-    copy_issue: str | None = None
 
 
 DEFAULT_LAUNCH = LaunchConfig()

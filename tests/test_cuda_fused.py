@@ -147,52 +147,6 @@ def test_one_slot_k_ring_bit_identical(B, HQ, HKV, D, T, lens, kinds):
     assert _rel_err(out, attention_reference(q, k, v, lens)) < 1e-2
 
 
-@pytest.mark.parametrize("B,HQ,HKV,D,T,lens", CASES)
-def test_consumer_copies_bit_identical(B, HQ, HKV, D, T, lens):
-    """copy_issue="consumer": the consumer warps issue their producers' copies and the look-ups (a
-    `landed` barrier per stage, cp.async completion arriving on it); the decoded rows, hence the
-    output bits, must not change. Also with entry lists past the staged window (windows moved up)."""
-    S = max(max(lens), 1)
-    k = synthetic_kv((B, HKV, S, D), "k", 21).to(DEV)
-    v = synthetic_kv((B, HKV, S, D), "v", 22).to(DEV)
-    q = torch.randn(B, HQ, D, generator=torch.Generator().manual_seed(21)).to(torch.bfloat16).to(DEV)
-    bases = _bases(k, v)
-    for shift in (0, 4):
-        b = bases.clone()
-        b[:, 0] = (b[:, 0].int() + shift).clamp(max=248).to(torch.uint8)
-        kv = pack_paged_v3(k, v, lens, T, b)
-        for splits in (1, 3):
-            cfg = LaunchConfig(num_splits=splits, num_warps=2, copy_issue="consumer")
-            out = _check_both(q, k, v, kv, lens, T, cfg)
-    if max(lens):
-        assert _rel_err(out, attention_reference(q, k, v, lens)) < 1e-2
-
-
-@pytest.mark.parametrize("D", [64, 128, 256])
-def test_consumer_copies_adversarial_and_left_padding(D):
-    """copy_issue="consumer" on the adversarial blocks (BF16-stored blocks, raw groups, NaN/Inf) and
-    with left padding: bit-identical to the twin."""
-    x, bases, H = _adversarial_cache(D)
-    k = x.to(DEV)
-    v = x.flip(1).contiguous().to(DEV)
-    kv = pack_paged_v3(k, v, [k.shape[2]], 64, bases.to(DEV))
-    q = (torch.randn(1, 2 * H, D, generator=torch.Generator().manual_seed(D)) * 0.01).to(torch.bfloat16).to(DEV)
-    for splits in (1, 2):
-        _check_both(q, k, v, kv, [k.shape[2]], 64, LaunchConfig(num_splits=splits, num_warps=2, copy_issue="consumer"))
-    ks = torch.tensor([5], dtype=torch.int32, device=DEV)
-    _check_both(q, k, v, kv, [k.shape[2]], 64, LaunchConfig(num_splits=2, num_warps=2, copy_issue="consumer"), kv_start=ks)
-
-
-def test_consumer_copies_need_one_producer_per_kind():
-    k = synthetic_kv((1, 2, 128, 64), "k", 1).to(DEV)
-    kv = pack_paged_v3(k, k, [128], 64, _bases(k, k))
-    q = torch.zeros(1, 4, 64, dtype=torch.bfloat16, device=DEV)
-    with pytest.raises(ValueError, match="one producer per kind"):
-        gaac_decode_attention_v3(q, kv, launch=LaunchConfig(copy_issue="consumer", producer_kinds=2))
-    with pytest.raises(ValueError, match="copy_issue must be"):
-        gaac_decode_attention_v3(q, kv, launch=LaunchConfig(copy_issue="tma"))
-
-
 @pytest.mark.parametrize("shift", [2, 4])
 def test_badly_fitting_windows_long_entry_lists(shift):
     """Windows moved up by `shift` exponents: 30-90% of groups wide, so entry lists overflow a

@@ -28,10 +28,7 @@
 // K producer refills it while the consumer works on V; 8.7 KB less per CTA at d=128, room for one
 // more CTA per SM), PROD_SEGS (segments per producer, 1 or 2),
 // KIND_SPLIT (0 or 1, above), ENTRY_CHUNKS (16-byte chunks of entry list staged per producer, kind
-// and stage; longer lists are read from global memory), CONSUMER_COPIES (0, or 1: the consumer warps,
-// idle ~75% of their loop (call G1), issue every copy of their producers and the producers only wait
-// for a stage's `landed` barrier and decode: the copy issue, ~1/3 of a producer's loop (call G10),
-// leaves the decoding warps; needs KIND_SPLIT), MIN_CTAS_PER_SM; lab instruments PROF, PROBE.
+// and stage; longer lists are read from global memory), MIN_CTAS_PER_SM; lab instruments PROF, PROBE.
 
 // core.cuh first: it has a constant named GROUP (8 channels), so the query-group size arrives as
 // QUERY_GROUP and becomes attend.cuh's GROUP only after it.
@@ -76,9 +73,6 @@
 #ifndef KIND_SPLIT  // 1: a producer warp decodes one kind (K or V) of its segments, 0: both
 #define KIND_SPLIT 0
 #endif
-#ifndef CONSUMER_COPIES  // 1: consumer warps issue their producers' copies (see "copies by the consumer" below)
-#define CONSUMER_COPIES 0
-#endif
 #ifndef ENTRY_CHUNKS  // 16-byte chunks of entry list staged per producer, kind and stage (32 entries per segment)
 #define ENTRY_CHUNKS (4 * PSEG + 1)
 #endif
@@ -119,9 +113,6 @@ constexpr int SLOT = SMB + CWB + SEGB + 16 * ENC;  // bytes per (stage, producer
 static_assert(S >= 2, "STAGES must be >= 2");
 static_assert(PROD_SEGS == 1 || PROD_SEGS == 2, "PROD_SEGS must be 1 or 2");
 static_assert(ENC >= 1 && ENC <= 32, "ENTRY_CHUNKS must be 1..32 (one chunk per lane)");
-static_assert(!CONSUMER_COPIES || KIND_SPLIT, "CONSUMER_COPIES needs one producer per kind (KIND_SPLIT 1)");
-static_assert(!CONSUMER_COPIES || !(PROBE & 2), "PROBE 2 (no copies) is a producer-copies instrument");
-static_assert(!CONSUMER_COPIES || 4 * SG <= 32, "a consumer lane per segment-table word");
 
 static_assert(D == 64 || D == 128 || D == 256, "the fused kernel takes HEAD_DIM 64, 128 or 256");
 static_assert(T >= 16 && (T & (T - 1)) == 0, "PAGE must be a power of two >= 16 (format v3)");
@@ -309,16 +300,6 @@ gaac_v3_decode_split(const u16* __restrict__ q,          // [B, Hkv*G, D]
                      ) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ __align__(8) unsigned long long full[DS * W], empty[DS * W], kfree[W];
-#if CONSUMER_COPIES
-  // copies by the consumer: `landed` per (stage, consumer) completes when every lane of the consumer has
-  // arrived and its cp.async copies of that stage have landed (cp.async.mbarrier.arrive); the metadata
-  // look-ups ride in small shared rings, 2 / 1 tiles ahead of the copies that need them (as the
-  // producers' rings of the default path, one ring per consumer: its producers share the blocks)
-  constexpr int CR = S + 2;  // ring slots (a tile's entries live from issue at m - S - 2 to its decode at m)
-  __shared__ __align__(8) unsigned long long landed[S * W];
-  __shared__ __align__(8) i64 cent_r[CR][W][2];       // block-table entries (K, V) of the consumer's rows
-  __shared__ __align__(8) u32 cseg_r[CR][W][SG][4];   // segment words per segment group (K lo, K hi, V lo, V hi)
-#endif
 
   const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int splits = gridDim.x;
@@ -345,9 +326,6 @@ gaac_v3_decode_split(const u16* __restrict__ q,          // [B, Hkv*G, D]
       mbar_init(empty + i, 32);       // every lane of the consumer arrives
     }
     for (int i = 0; i < W; ++i) mbar_init(kfree + i, 32);  // the consumer's lanes, once S is in registers
-#if CONSUMER_COPIES
-    for (int i = 0; i < S * W; ++i) mbar_init(landed + i, 32);  // the consumer's lanes (each with its copies)
-#endif
     fence_proxy_async();
   }
   __syncthreads();
@@ -365,77 +343,11 @@ gaac_v3_decode_split(const u16* __restrict__ q,          // [B, Hkv*G, D]
     long long c_wait = 0, c_rows = 0;
     PROF_T(c_start);
 #endif
-#if CONSUMER_COPIES
-    // ---- copies by the consumer: it issues its producers' copies (their loop only waits and decodes) ----
-    const int cc = warp;
-    const i64* ckt = k_table + bh * max_blocks;
-    const i64* cvt = v_table + bh * max_blocks;
-    auto ctok = [&](int m) { return first + m * TILE + 16 * cc; };
-    auto cseg0 = [&](int tok0, int g) { return (tok0 % T) * D / 1024 + PSEG * g; };
-    // producer cc * PPC + 2 g + kind decodes `kind` (0 K, 1 V) of segment group g (KIND_SPLIT)
-    auto ccslot = [&](int m, int g, int kind) { return cring + ((m % S) * NPROD + cc * PPC + 2 * g + kind) * SLOT; };
-    auto c_ent = [&](int m, bool sync) {  // lanes 0 / 1: the K / V block-table entry of tile m
-      if (lane < 2 && m < n_tiles) {
-        const int blk = ctok(m) / T;
-        i64* dst = &cent_r[m % CR][cc][lane];
-        const i64* src = (lane == 0 ? ckt : cvt) + blk;
-        if (blk >= nb) *dst = TAIL;
-        else if (sync) *dst = __ldg(src);
-        else cp_async_small<8>(dst, src);
-      }
-    };
-    auto c_seg = [&](int m, bool sync) {  // lane 4 g + w: segment word w (K lo, K hi, V lo, V hi) of group g
-      if (lane < 4 * SG && m < n_tiles) {
-        const int g = lane >> 2, w = lane & 3;
-        const i64 e = cent_r[m % CR][cc][w >> 1];
-        if (compressed(e)) {
-          const u8* src = (w < 2 ? k_pool : v_pool) + e + SEGTAB_OFF + 4 * (cseg0(ctok(m), g) + (w & 1) * PSEG);
-          u32* dst = &cseg_r[m % CR][cc][g][w];
-          if (sync) *dst = ldg32(src);
-          else cp_async_small<4>(dst, src);
-        }
-      }
-    };
-    auto c_main = [&](int m) {  // every lane: tile m's compressed parts for each producer, then `landed`
-      if (m >= n_tiles) return;
-      const int tok0 = ctok(m);
-#pragma unroll
-      for (int kind = 0; kind < 2; ++kind) {  // one kind at a time: fewer live registers beside the O accumulators
-        const i64 e = cent_r[m % CR][cc][kind];
-#pragma unroll
-        for (int g = 0; g < SG; ++g) {
-          const u32* sw = cseg_r[m % CR][cc][g] + 2 * kind;
-          issue_slice(ccslot(m, g, kind), kind ? v_pool : k_pool, e, cseg0(tok0, g), SegWords{sw[0], sw[1]}, lane);
-        }
-      }
-      cp_async_mbar_arrive(landed + (m % S) * W + cc);
-      mbar_arrive(landed + (m % S) * W + cc);
-    };
-    // prologue: entries of tiles 0 .. S+1 and segment words of 0 .. S loaded directly, tiles 0 .. S-1 in flight
-    for (int m = 0; m < S + 2; ++m) c_ent(m, true);
-    __syncwarp();
-    for (int m = 0; m < S + 1; ++m) c_seg(m, true);
-    __syncwarp();
-    for (int m = 0; m < S; ++m) c_main(m);
-    cp_async_commit();
-#endif
     for (int it = 0; it < n_tiles; ++it) {
       const int slot = it % DS;
       PROF_T(t0);
       mbar_wait(full + slot * W + warp, (it / DS) & 1);
       PROF_T(t1);
-#if CONSUMER_COPIES
-      // the producers are done with tile it, so its compressed slot takes tile it + S; the previous
-      // iteration's look-up groups (entries of it + S + 1, segment words of it + S) have landed
-      cp_async_wait<1>();
-      __syncwarp();
-      c_ent(it + S + 2, false);
-      cp_async_commit();
-      c_seg(it + S + 1, false);
-      cp_async_commit();
-      c_main(it + S);
-      cp_async_commit();
-#endif
       auto k_read = [&] {  // a one-slot K ring: the K producer may refill it now
         if (KDS == 1) mbar_arrive(kfree + warp);
       };
@@ -448,9 +360,6 @@ gaac_v3_decode_split(const u16* __restrict__ q,          // [B, Hkv*G, D]
       c_wait += t1 - t0, c_rows += t2 - t1;
 #endif
     }
-#if CONSUMER_COPIES
-    cp_async_wait<0>();
-#endif
 #ifdef PROF
     PROF_T(c_end);
     const long long cv[5] = {c_wait, c_rows, c_end - c_start, 0, 0};
@@ -519,16 +428,14 @@ gaac_v3_decode_split(const u16* __restrict__ q,          // [B, Hkv*G, D]
       if (doV) issue_slice(cslot(m, 1), v_pool, ev, s0, SegWords{sw[2], sw[3]}, lane);
     };
     // prologue: the metadata the first iterations need, loaded directly; stages 0 .. S-2 in flight
-    if (!CONSUMER_COPIES) {
-      for (int m = 0; m < LA; ++m) ent_issue(m, true);
-      __syncwarp();
-      for (int m = 0; m < 2 * (S - 1); ++m) seg_issue(m, true);
-      __syncwarp();
+    for (int m = 0; m < LA; ++m) ent_issue(m, true);
+    __syncwarp();
+    for (int m = 0; m < 2 * (S - 1); ++m) seg_issue(m, true);
+    __syncwarp();
 #pragma unroll
-      for (int m = 0; m < S - 1; ++m) {
-        main_issue(m);
-        cp_async_commit();
-      }
+    for (int m = 0; m < S - 1; ++m) {
+      main_issue(m);
+      cp_async_commit();
     }
 #ifdef PROF
     long long p_cp = 0, p_issue = 0, p_empty = 0, p_dec = 0;
@@ -536,11 +443,6 @@ gaac_v3_decode_split(const u16* __restrict__ q,          // [B, Hkv*G, D]
 #endif
     for (int it = 0; it < n_tiles; ++it) {
       PROF_T(t0);
-#if CONSUMER_COPIES
-      mbar_wait(landed + (it % S) * W + c, (it / S) & 1);  // the consumer's copies of tile it landed
-      PROF_T(t1);
-      const i64 ek = cent_r[it % CR][c][0], ev = cent_r[it % CR][c][1];
-#else
       cp_async_wait<S - 2>();
       __syncwarp();  // stage `it` landed (and every copy issued S - 1 iterations ago); the slots refilled below are free
       PROF_T(t1);
@@ -549,7 +451,6 @@ gaac_v3_decode_split(const u16* __restrict__ q,          // [B, Hkv*G, D]
       seg_issue(it + 2 * (S - 1), false);
       ent_issue(it + LA, false);
       cp_async_commit();
-#endif
       PROF_T(t2);
       const int slot = it % DS;
       // the buffers it writes are free: the consumer has finished tile it - DS (V, and K with a
@@ -593,7 +494,7 @@ gaac_v3_decode_split(const u16* __restrict__ q,          // [B, Hkv*G, D]
     const long long pv[5] = {p_cp, p_issue, p_empty, p_dec, p_end - p_start};
     if (lane == 0) prof_add(prof, pv, n_tiles);
 #endif
-    if (!CONSUMER_COPIES) cp_async_wait<0>();
+    cp_async_wait<0>();
   }
   __syncthreads();
   attend::finish(st, smem, attend::Output{part_o, part_lse, out, counters, static_cast<i64>(b) * hq_total + hq0, bh,

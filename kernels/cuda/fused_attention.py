@@ -157,11 +157,6 @@ def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, 
     k_slots = config.decoded_k_slots or default_k_slots(head_dim)
     if k_slots not in (1, 2):
         raise ValueError(f"decoded_k_slots must be 1 or 2, got {config.decoded_k_slots}")
-    copy_issue = config.copy_issue or "producer"
-    if copy_issue not in ("producer", "consumer"):
-        raise ValueError(f"copy_issue must be 'producer' or 'consumer', got {config.copy_issue!r}")
-    if copy_issue == "consumer" and kinds != 1:
-        raise ValueError("copy_issue='consumer' needs one producer per kind (producer_kinds=1)")
     stages = config.num_stages or default_stages(head_dim, warps, pseg, kinds, k_slots, group)
     tile = 16 * warps
     threads = threads_of(head_dim, warps, pseg, kinds)
@@ -190,8 +185,6 @@ def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, 
     defines = dict(HEAD_DIM=head_dim, QUERY_GROUP=group, PAGE=block_size, WARPS=warps, STAGES=stages,
                    DEC_STAGES=2, DEC_K_STAGES=k_slots, MIN_CTAS_PER_SM=per_sm, ENTRY_CHUNKS=entry_chunks(head_dim, pseg),
                    PROD_SEGS=segments_per_producer(head_dim, pseg), KIND_SPLIT=int(kinds == 1))
-    if copy_issue == "consumer":  # (absent otherwise: the default's cache key and cubin stay as they were)
-        defines["CONSUMER_COPIES"] = 1
     return dict(defines=defines, smem=smem, splits=splits, tokens_per_split=tps, threads=threads, warps=warps)
 
 

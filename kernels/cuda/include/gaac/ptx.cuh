@@ -28,11 +28,6 @@ __device__ __forceinline__ void cp_async_small(void* dst, const void* src) {
   static_assert(N == 4 || N == 8, "cp.async.ca copies 4, 8 or 16 bytes");
   asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(smem_addr(dst)), "l"(src), "n"(N));
 }
-// Arrive on `bar` once every cp.async copy this thread issued so far has landed. This form raises the
-// barrier's pending count for that arrival first, so the phase also needs the thread's own mbar_arrive.
-__device__ __forceinline__ void cp_async_mbar_arrive(unsigned long long* bar) {
-  asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
-}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
