@@ -8,7 +8,8 @@ cubin on disk, and launch it on PyTorch's current stream. Nothing here knows wha
   header-free (no CUDA toolkit headers needed at run time).
 - **Cache**: ``$GAAC_CUDA_CACHE`` (default ``~/.cache/gaac_hf/cuda``), one cubin per key; the key hashes
   the source, every header of ``include/``, the defines, the options, the architecture and the NVRTC
-  version, so editing a header recompiles.
+  version, so editing a header recompiles. ``GAAC_CUDA_LINEINFO=1`` (profiling only) adds source-line
+  tables to the cubin for Nsight Compute's source view; the code is the same.
 - **Launch**: on ``torch.cuda.current_stream()`` through ``cuda.core.launch``; tensors pass as their
   data pointers, no host synchronisation, capturable in a CUDA graph.
 
@@ -164,6 +165,8 @@ def compile_cubin(source: str, defines: dict[str, int | str], arch: str) -> tupl
         raise CudaUnavailable(why_unavailable())
     text = (HERE / source).read_text()
     opts = dict(arch=arch, std="c++17", include_path=_include_dirs(source), ptxas_options=["-v"])
+    if os.environ.get("GAAC_CUDA_LINEINFO") == "1":  # lab profiling: source lines in the cubin (same code)
+        opts["lineinfo"] = True
     key = hashlib.sha256("\0".join([
         text, _headers_digest(), repr(sorted(defines.items())), repr(sorted(opts.items())), _nvrtc_version(),
     ]).encode()).hexdigest()[:32]
