@@ -47,12 +47,28 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(unsigned long long* bar, u
 __device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
 }
+// Wait for the phase of `parity` to complete. try_wait suspends the thread until the phase completes or a
+// time limit passes; without a hint that limit is short, and the retry loop (TRYWAIT, BRA, YIELD) was ~30%
+// of the fused kernel's executed instructions (lab/cuda-decode-notebook.md, call L3), issue slots the
+// decoding warps of the same scheduler could use. MBAR_SUSPEND_NS gives the limit, in ns, as a hint
+// (CUTLASS's ClusterBarrier::wait passes 0x989680); 0 = the hardware's own limit.
+#ifndef MBAR_SUSPEND_NS
+#define MBAR_SUSPEND_NS 10000000
+#endif
 __device__ __forceinline__ void mbar_wait(unsigned long long* bar, u32 parity) {
+#if MBAR_SUSPEND_NS
+  asm volatile(
+      "{\n .reg .pred p;\n WAIT_%=:\n"
+      " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1, %2;\n"
+      " @!p bra WAIT_%=;\n}\n" ::"r"(smem_addr(bar)), "r"(parity), "r"(static_cast<u32>(MBAR_SUSPEND_NS))
+      : "memory");
+#else
   asm volatile(
       "{\n .reg .pred p;\n WAIT_%=:\n"
       " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
       " @!p bra WAIT_%=;\n}\n" ::"r"(smem_addr(bar)), "r"(parity)
       : "memory");
+#endif
 }
 // Order this thread's earlier shared-memory accesses before later async-proxy (copy engine) ones.
 __device__ __forceinline__ void fence_proxy_async() {
