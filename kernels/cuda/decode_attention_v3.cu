@@ -28,10 +28,7 @@
 // K producer refills it while the consumer works on V; 8.7 KB less per CTA at d=128, room for one
 // more CTA per SM), PROD_SEGS (segments per producer, 1 or 2),
 // KIND_SPLIT (0 or 1, above), ENTRY_CHUNKS (16-byte chunks of entry list staged per producer, kind
-// and stage; longer lists are read from global memory), FULL_SPLIT (0, or 1: the K and the V producers
-// arrive on separate `full` barriers and the consumer waits for V only right before its first V row,
-// so K of tile it + 1 no longer waits for V of tile it through the consumer), MIN_CTAS_PER_SM; lab
-// instruments PROF, PROBE.
+// and stage; longer lists are read from global memory), MIN_CTAS_PER_SM; lab instruments PROF, PROBE.
 
 // core.cuh first: it has a constant named GROUP (8 channels), so the query-group size arrives as
 // QUERY_GROUP and becomes attend.cuh's GROUP only after it.
@@ -76,9 +73,6 @@
 #ifndef KIND_SPLIT  // 1: a producer warp decodes one kind (K or V) of its segments, 0: both
 #define KIND_SPLIT 0
 #endif
-#ifndef FULL_SPLIT  // 1: separate `full` barriers for K and V rows (needs KIND_SPLIT); see the consumer loop
-#define FULL_SPLIT 0
-#endif
 #ifndef ENTRY_CHUNKS  // 16-byte chunks of entry list staged per producer, kind and stage (32 entries per segment)
 #define ENTRY_CHUNKS (4 * PSEG + 1)
 #endif
@@ -119,7 +113,6 @@ constexpr int SLOT = SMB + CWB + SEGB + 16 * ENC;  // bytes per (stage, producer
 static_assert(S >= 2, "STAGES must be >= 2");
 static_assert(PROD_SEGS == 1 || PROD_SEGS == 2, "PROD_SEGS must be 1 or 2");
 static_assert(ENC >= 1 && ENC <= 32, "ENTRY_CHUNKS must be 1..32 (one chunk per lane)");
-static_assert(!FULL_SPLIT || KIND_SPLIT, "FULL_SPLIT needs one producer per kind (KIND_SPLIT 1)");
 
 static_assert(D == 64 || D == 128 || D == 256, "the fused kernel takes HEAD_DIM 64, 128 or 256");
 static_assert(T >= 16 && (T & (T - 1)) == 0, "PAGE must be a power of two >= 16 (format v3)");
@@ -306,12 +299,7 @@ gaac_v3_decode_split(const u16* __restrict__ q,          // [B, Hkv*G, D]
 #endif
                      ) {
   extern __shared__ __align__(16) unsigned char smem[];
-  // full: the consumer's producers' rows landed (with FULL_SPLIT: its K producers' rows; fullv: its V
-  // producers'); empty: the consumer is done with a slot; kfree: it has read K (one-slot K ring)
   __shared__ __align__(8) unsigned long long full[DS * W], empty[DS * W], kfree[W];
-#if FULL_SPLIT
-  __shared__ __align__(8) unsigned long long fullv[DS * W];
-#endif
 
   const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int splits = gridDim.x;
@@ -334,12 +322,7 @@ gaac_v3_decode_split(const u16* __restrict__ q,          // [B, Hkv*G, D]
   }
   if (tid == 0) {
     for (int i = 0; i < DS * W; ++i) {
-#if FULL_SPLIT
-      mbar_init(full + i, 32 * PPC / 2);  // every lane of the consumer's K producers
-      mbar_init(fullv + i, 32 * PPC / 2);  // and of its V producers
-#else
       mbar_init(full + i, 32 * PPC);  // every lane of the consumer's producers arrives
-#endif
       mbar_init(empty + i, 32);       // every lane of the consumer arrives
     }
     for (int i = 0; i < W; ++i) mbar_init(kfree + i, 32);  // the consumer's lanes, once S is in registers
@@ -368,14 +351,9 @@ gaac_v3_decode_split(const u16* __restrict__ q,          // [B, Hkv*G, D]
       auto k_read = [&] {  // a one-slot K ring: the K producer may refill it now
         if (KDS == 1) mbar_arrive(kfree + warp);
       };
-      auto v_wait = [&] {  // with FULL_SPLIT the V rows of the tile may land after its K rows
-#if FULL_SPLIT
-        mbar_wait(fullv + slot * W + warp, (it / DS) & 1);
-#endif
-      };
       if (!(PROBE & 4)) st.rows(kbuf(slot, warp), vbuf(slot, warp), first + it * TILE + 16 * warp, lo, hi, lane,
-                                scale_log2, k_read, v_wait);
-      else k_read(), v_wait();
+                                scale_log2, k_read);
+      else k_read();
       PROF_T(t2);
       mbar_arrive(empty + slot * W + warp);
 #ifdef PROF
@@ -506,11 +484,7 @@ gaac_v3_decode_split(const u16* __restrict__ q,          // [B, Hkv*G, D]
       }
       }  // PROBE & 1
       PROF_T(t4);
-#if FULL_SPLIT
-      mbar_arrive((doK ? full : fullv) + slot * W + c);
-#else
       mbar_arrive(full + slot * W + c);
-#endif
 #ifdef PROF
       p_cp += t1 - t0, p_issue += t2 - t1, p_empty += t3 - t2, p_dec += t4 - t3;
 #endif

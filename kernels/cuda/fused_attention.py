@@ -68,10 +68,9 @@ def smem_bytes(d: int, warps: int, stages: int, dec_stages: int = 2, pseg: int |
 
 def static_bytes(d: int, warps: int, stages: int, pseg: int | None = None, kinds: int | None = None) -> int:
     """The kernel's static shared memory: the metadata rings (3 (stages - 1) + 2 slots of two entries
-    and four segment words per producer) and the mbarriers (full, full V, empty per slot; kfree) (+ slack
-    for the compiler's own)."""
+    and four segment words per producer) and the mbarriers (+ slack for the compiler's own)."""
     producers = warps * producers_per_consumer(d, pseg, kinds)
-    return (3 * (stages - 1) + 2) * producers * 32 + (3 * 2 + 1) * warps * 8 + 256
+    return (3 * (stages - 1) + 2) * producers * 32 + (2 * 2 + 1) * warps * 8 + 256
 
 
 def cta_bytes(d: int, warps: int, stages: int, pseg: int | None = None, kinds: int | None = None,
@@ -118,9 +117,9 @@ def max_ctas_per_sm(d: int, warps: int, stages: int, group: int, pseg: int | Non
 # (one producer per kind at d=64 / 128: 92-96 uncapped, and ptxas fits them in 80 under the 4-CTA cap of
 # 85 without spills, which call J1 measured 4-10% faster than 3 CTAs at 96)
 _REGS_NEEDED = {(64, 1, 2): 102, (128, 1, 2): 93, (128, 2, 2): 127, (256, 1, 2): 152, (256, 2, 2): 152,
-                (64, 1, 1): 80, (128, 1, 1): 93, (128, 2, 1): 80, (256, 1, 1): 166, (256, 2, 1): 166}
+                (64, 1, 1): 80, (128, 1, 1): 93, (128, 2, 1): 80, (256, 1, 1): 152, (256, 2, 1): 152}
 _REGS_NEEDED_G16 = {(64, 1, 2): 136, (128, 1, 2): 160, (128, 2, 2): 160, (256, 1, 2): 200, (256, 2, 2): 200,
-                    (64, 1, 1): 136, (128, 1, 1): 160, (128, 2, 1): 164, (256, 1, 1): 200, (256, 2, 1): 200}
+                    (64, 1, 1): 136, (128, 1, 1): 160, (128, 2, 1): 160, (256, 1, 1): 200, (256, 2, 1): 200}
 
 
 def regs_needed(d: int, group: int, pseg: int | None = None, kinds: int | None = None) -> int:
@@ -185,8 +184,7 @@ def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, 
         raise ValueError(f"{splits} splits x {group} heads do not fit the merge in shared memory")
     defines = dict(HEAD_DIM=head_dim, QUERY_GROUP=group, PAGE=block_size, WARPS=warps, STAGES=stages,
                    DEC_STAGES=2, DEC_K_STAGES=k_slots, MIN_CTAS_PER_SM=per_sm, ENTRY_CHUNKS=entry_chunks(head_dim, pseg),
-                   PROD_SEGS=segments_per_producer(head_dim, pseg), KIND_SPLIT=int(kinds == 1),
-                   FULL_SPLIT=int(kinds == 1))  # K and V rows signalled apart (call L5)
+                   PROD_SEGS=segments_per_producer(head_dim, pseg), KIND_SPLIT=int(kinds == 1))
     return dict(defines=defines, smem=smem, splits=splits, tokens_per_split=tps, threads=threads, warps=warps)
 
 

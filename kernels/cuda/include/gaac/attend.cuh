@@ -70,12 +70,11 @@ struct WarpState {
   // Attend to 16 rows staged in shared memory: ks / vs = row 0 of K / V (row stride ROW); row r is
   // position tok0 + r, used only if lo <= tok0 + r < hi (a masked V row must hold finite values).
   // after_k() runs once the K rows have been read (S is in registers): a warp-specialised caller
-  // signals there that the K buffer may be refilled while this warp still works on V; before_v() runs
-  // right before the first V row is read (a caller whose V rows arrive separately waits there). They
-  // add no arithmetic, so the result is the same with or without them.
-  template <class AfterK = NoHook, class BeforeV = NoHook>
+  // signals there that the K buffer may be refilled while this warp still works on V. It adds no
+  // arithmetic, so the result is the same with or without it.
+  template <class AfterK = NoHook>
   __device__ __forceinline__ void rows(const u16* ks, const u16* vs, int tok0, int lo, int hi, int lane,
-                                       float scale_log2, AfterK after_k = AfterK(), BeforeV before_v = BeforeV()) {
+                                       float scale_log2, AfterK after_k = AfterK()) {
     const int g = lane >> 2;
     // ldmatrix lane addressing (see the PTX ISA fragment layouts):
     // K as A (row-major 16x16): rows (lane & 7) + 8 * ((lane >> 3) & 1), cols 8 * (lane >> 4)
@@ -144,7 +143,6 @@ struct WarpState {
     }
 
     // O^T[d x heads] += V^T[d x 16 tokens] P^T[16 tokens x heads]
-    before_v();
 #pragma unroll
     for (int m = 0; m < KS; ++m) {
       u32 a[4];
