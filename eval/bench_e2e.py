@@ -8,14 +8,16 @@ random-token prefill (compression depends on values, so the ratio here says noth
 see eval/results/compression_*.json for those).
 
 For every (batch, context):
-  * prefill time (one forward of the whole prompt, logits_to_keep=1) with DynamicCache and with
+  * prefill time (one forward of the whole prompt, logits_to_keep=1, or chunks of it when the batch
+    holds more than 2^18 tokens: ``prefill_chunk`` per row) with DynamicCache and with
     GAACCache (whose prefill encodes every complete block): the difference is the encoding overhead;
   * decode-step latency, as wall time per step (host-synchronised) and as GPU busy time per step
     (sum of kernel durations from torch.profiler), for DynamicCache with SDPA pinned to the flash
     backend and to the cuDNN backend, and for GAACCache with its default decode path (on Hopper with the
     cuda extra: format v3 and the fused v3 CUDA kernel; recorded per row as ``gaac_decode_path``).
 The bytes each step must read (weights + KV) are reported so the ceiling is visible: with BF16 weights
-the ideal GPU-time gain is (W + KV_bf16) / (W + KV_gaac).
+the ideal GPU-time gain is (W + KV_bf16) / (W + KV_gaac). A BF16 cache that does not fit the GPU is
+recorded as ``oom_<kind>`` and the row goes on without it (GAAC may still fit where BF16 does not).
 """
 from __future__ import annotations
 
@@ -99,6 +101,7 @@ def inplace_static_sdpa():
     written in place and read once by flash/cuDNN. Calls and contiguous-copy fallbacks are counted.
     """
     import torch.nn.functional as F
+    from torch.nn.attention.bias import causal_lower_right
     from transformers.cache_utils import StaticLayer
     from transformers.modeling_utils import AttentionInterface
 
@@ -118,12 +121,15 @@ def inplace_static_sdpa():
             return orig_sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kw)
         STATIC_CALLS["in-place prefix sdpa"] += 1
         k, v = key[:, :, :n], value[:, :, :n]
-        causal = query.shape[2] > 1
+        q_len = query.shape[2]
+        # a prefill chunk after the first attends to the whole prefix: causal aligned lower-right
+        mask = causal_lower_right(q_len, n) if 1 < q_len < n else None
+        causal = q_len > 1 and mask is None
         try:
-            o = F.scaled_dot_product_attention(query, k, v, scale=scaling, is_causal=causal, enable_gqa=True)
+            o = F.scaled_dot_product_attention(query, k, v, attn_mask=mask, scale=scaling, is_causal=causal, enable_gqa=True)
         except RuntimeError:  # a backend that refuses the strided prefix: copy it (recorded)
             STATIC_CALLS["contiguous fallback"] += 1
-            o = F.scaled_dot_product_attention(query, k.contiguous(), v.contiguous(), scale=scaling,
+            o = F.scaled_dot_product_attention(query, k.contiguous(), v.contiguous(), attn_mask=mask, scale=scaling,
                                                is_causal=causal, enable_gqa=True)
         return o.transpose(1, 2).contiguous(), None
 
@@ -143,6 +149,21 @@ gpu_busy_us = harness.gpu_busy_us
 wall_us = harness.wall_us
 
 
+#: prefill tokens per forward (B x chunk) above which the bench prefills in chunks
+PREFILL_TOKENS = 1 << 18
+
+
+def prefill_chunk(B: int, S: int, requested: int = 0) -> int:
+    """Prompt tokens per prefill forward: ``requested`` if given, else the whole prompt when B x S <=
+    PREFILL_TOKENS, else the largest multiple of 64 with B x chunk <= PREFILL_TOKENS (B=16 x 32K in one
+    forward needs >12 GiB per MLP activation: call L1 ran out of memory there)."""
+    if requested:
+        return min(requested, S)
+    if B * S <= PREFILL_TOKENS:
+        return S
+    return max(64, (PREFILL_TOKENS // B) // 64 * 64)
+
+
 def run_case(model, table, B, S, dev, args):
     import gaac_hf
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -156,11 +177,17 @@ def run_case(model, table, B, S, dev, args):
     L, H, D = model.config.num_hidden_layers, model.config.num_key_value_heads, model.config.head_dim
     row["bytes"] = {"weights": weights, "kv_bf16": 2 * L * B * H * S * D * 2}
 
+    chunk = prefill_chunk(B, S, args.prefill_chunk)
+    row["prefill_chunk"] = chunk
+
     def prefill(cache):
         _sync()
         t0 = time.perf_counter()
         with torch.no_grad():
-            model(ids, past_key_values=cache, logits_to_keep=1)
+            for a in range(0, S, chunk):  # a long batch prefills in chunks (activations of B x chunk tokens)
+                b = min(S, a + chunk)
+                pos = torch.arange(a, b, device=dev).expand(B, -1)
+                model(ids[:, a:b], past_key_values=cache, position_ids=pos, logits_to_keep=1)
         _sync()
         return time.perf_counter() - t0
 
@@ -191,26 +218,33 @@ def run_case(model, table, B, S, dev, args):
     # ---- BF16 baselines: DynamicCache (appends by torch.cat: copies the history every step) and
     # StaticCache (preallocated, writes in place: isolates what compression itself buys) ----
     model.set_attn_implementation("sdpa")
-    with flash():
-        prefill(DynamicCache(config=model.config))  # warm-up
-        samples = []
-        for _ in range(args.prefill_reps - 1):  # extra samples (median), then the one whose cache is kept
-            samples.append(prefill(DynamicCache(config=model.config)))
-        cache = DynamicCache(config=model.config)
-        samples.append(prefill(cache))
-        row["prefill_s_bf16"] = statistics.median(samples)
-        row["prefill_s_bf16_samples"] = samples
-    for name, ctx in (("fa2", flash), ("cudnn", cudnn)) if not args.prefill_only else ():
-        time_steps(name, cache, ctx)
-    del cache
+    cache = None
+    try:  # a BF16 cache that does not fit is reported and the row goes on (GAAC may still fit)
+        with flash():
+            prefill(DynamicCache(config=model.config))  # warm-up
+            samples = []
+            for _ in range(args.prefill_reps - 1):  # extra samples (median), then the one whose cache is kept
+                samples.append(prefill(DynamicCache(config=model.config)))
+            cache = DynamicCache(config=model.config)
+            samples.append(prefill(cache))
+            row["prefill_s_bf16"] = statistics.median(samples)
+            row["prefill_s_bf16_samples"] = samples
+        for name, ctx in (("fa2", flash), ("cudnn", cudnn)) if not args.prefill_only else ():
+            time_steps(name, cache, ctx)
+    except torch.OutOfMemoryError as e:
+        row["oom_dynamic"] = str(e)[:200]
+    cache = None
     torch.cuda.empty_cache() if dev.type == "cuda" else None
     for name, ctx in (("static_fa2", flash), ("static_cudnn", cudnn)) if not args.prefill_only else ():
-        with inplace_static_sdpa():
-            cache = StaticCache(config=model.config, max_cache_len=S + extra)
-            with flash():
-                prefill(cache)
-            time_steps(name, cache, ctx)
-        del cache
+        try:
+            with inplace_static_sdpa():
+                cache = StaticCache(config=model.config, max_cache_len=S + extra)
+                with flash():
+                    prefill(cache)
+                time_steps(name, cache, ctx)
+        except torch.OutOfMemoryError as e:
+            row[f"oom_{name}"] = str(e)[:200]
+        cache = None
         torch.cuda.empty_cache() if dev.type == "cuda" else None
 
     # ---- GAAC (prefill under the same pinned SDPA backend as the BF16 prefill) ----
@@ -244,10 +278,12 @@ def run_case(model, table, B, S, dev, args):
         torch.cuda.empty_cache() if dev.type == "cuda" else None
     w, kb, kg = row["bytes"]["weights"], row["bytes"]["kv_bf16"], row["bytes"]["kv_gaac"]
     row["ideal_gpu_speedup"] = (w + kb) / (w + kg)
-    row["prefill_overhead"] = row["prefill_s_gaac"] / row["prefill_s_bf16"] - 1
+    if "prefill_s_bf16" in row:
+        row["prefill_overhead"] = row["prefill_s_gaac"] / row["prefill_s_bf16"] - 1
     for base in ("fa2", "cudnn", "static_fa2", "static_cudnn") if not args.prefill_only else ():
-        row[f"speedup_wall_vs_{base}"] = row[f"step_wall_us_{base}"] / row["step_wall_us_gaac"]
-        row[f"speedup_gpu_vs_{base}"] = row[f"step_gpu_us_{base}"] / row["step_gpu_us_gaac"]
+        if f"step_gpu_us_{base}" in row:  # absent: that BF16 cache ran out of memory (oom_*)
+            row[f"speedup_wall_vs_{base}"] = row[f"step_wall_us_{base}"] / row["step_wall_us_gaac"]
+            row[f"speedup_gpu_vs_{base}"] = row[f"step_gpu_us_{base}"] / row["step_gpu_us_gaac"]
     return row
 
 
@@ -261,6 +297,8 @@ def main(argv=None):
     p.add_argument("--budget-s", type=float, default=400)
     p.add_argument("--prefill-only", action="store_true", help="time the prefills only (no decode steps)")
     p.add_argument("--prefill-reps", type=int, default=3, help="prefills timed per cache kind (median reported)")
+    p.add_argument("--prefill-chunk", type=int, default=0,
+                   help="prompt tokens per prefill forward (0: whole prompt up to 2^18 batch tokens, else chunks)")
     p.add_argument("--fused", default="true", choices=("true", "false", "auto"),
                    help="GAACCache(fused=...) for the GAAC rows (e2e_h200_auto.json ran with auto)")
     p.add_argument("--format-version", type=int, default=None, choices=(2, 3),
@@ -314,10 +352,12 @@ def main(argv=None):
             print(f"{r['batch']:>2} {r['context']:>6} prefill bf16 {r['prefill_s_bf16']:.4f} s  gaac {r['prefill_s_gaac']:.4f} s"
                   f"  overhead {100*r['prefill_overhead']:.2f}%  samples {r['prefill_s_bf16_samples']} / {r['prefill_s_gaac_samples']}")
             continue
-        print(f"{r['batch']:>2} {r['context']:>6} {r['step_wall_us_fa2']/1e3:>8.1f}m {r['step_wall_us_cudnn']/1e3:>7.1f}m "
-              f"{r['step_wall_us_static_cudnn']/1e3:>7.1f}m {r['step_wall_us_gaac']/1e3:>7.1f}m "
-              f"{r['step_gpu_us_fa2']/1e3:>7.2f}m {r['step_gpu_us_cudnn']/1e3:>7.2f}m {r['step_gpu_us_static_cudnn']/1e3:>7.2f}m "
-              f"{r['step_gpu_us_gaac']/1e3:>7.2f}m {r['ideal_gpu_speedup']:>6.3f} {100*r['prefill_overhead']:>7.1f}%")
+        ms = lambda k, w=7, d=2: f"{r[k] / 1e3:>{w}.{d}f}m" if k in r else f"{'OOM':>{w + 1}}"  # noqa: E731
+        over = f"{100 * r['prefill_overhead']:>7.1f}%" if "prefill_overhead" in r else f"{'-':>8}"
+        print(f"{r['batch']:>2} {r['context']:>6} {ms('step_wall_us_fa2', 8, 1)} {ms('step_wall_us_cudnn', 7, 1)} "
+              f"{ms('step_wall_us_static_cudnn', 7, 1)} {ms('step_wall_us_gaac', 7, 1)} "
+              f"{ms('step_gpu_us_fa2')} {ms('step_gpu_us_cudnn')} {ms('step_gpu_us_static_cudnn')} "
+              f"{ms('step_gpu_us_gaac')} {r['ideal_gpu_speedup']:>6.3f} {over}")
 
 
 if __name__ == "__main__":
