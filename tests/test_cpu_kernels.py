@@ -26,9 +26,14 @@ def _consts(b8, b16):
     return PagedTensorV3.pair_constants(b8, b16)
 
 
-@pytest.mark.parametrize("head_dim", [16, 64, 128, 256, 80])
-def test_encode_decode_match_the_reference(head_dim):
-    g = GeometryV3(64, head_dim)
+# 16 x 80 and 16 x 48: a last segment shorter than SEG_CHUNKS lanes (40 and 24 chunks)
+@pytest.mark.parametrize("head_dim,block_size", [(16, 64), (64, 64), (128, 64), (256, 64), (80, 64), (80, 16), (48, 16)])
+def test_encode_decode_match_the_reference(head_dim, block_size):
+    _encode_decode_check(head_dim, block_size)
+
+
+def _encode_decode_check(head_dim, block_size=64):
+    g = GeometryV3(block_size, head_dim)
     cases = [adversarial_blocks(g, seed=head_dim)]
     if head_dim in (64, 80):
         x, b8, b16 = next(iter(every_pattern_blocks(g)))
@@ -309,7 +314,16 @@ KV_MUTATIONS = [
     ("gaac_cpu.cpp", "off | (nbytes[it] > cap ? ENTRY_RAW_BIT : 0)", "off"),  # BF16 blocks lose their entry flag
     ("gaac_cpu.cpp", "x0 + r * sr, 2 * (size_t)D)", "x0 + r * D, 2 * (size_t)D)"),  # BF16 fallback ignores strides
     ("host_block.h", "  std::memset(&buf[ro + 4 * n_raw], 0, len - (ro + 4 * n_raw));\n", ""),  # stale padding
-    ("host_block.h", "st32(&buf[g.segtab_off + 4 * s], (uint32_t)seg_ent", "st32(&buf[g.segtab_off + 4 * s], 0u * seg_ent"),
+    ("host_block.h", "st32(&buf[g.segtab_off + 4 * s], (uint32_t)n_ent", "st32(&buf[g.segtab_off + 4 * s], 0u * n_ent"),
+    # the segment walk of encode_segment (lanes encoded together): a run of lanes that ignores where in
+    # its row group a segment starts (head_dim 80: 10 columns, segments start mid row group), swapped
+    # pairs in the gather, chunks whose wide groups are only 4-bit losing their entries, code words
+    # written past a short segment's lanes
+    ("host_block.h", "const int run = g.cols - col0 < m - lane ? g.cols - col0 : m - lane;",
+     "const int run = g.cols < m - lane ? g.cols : m - lane;"),
+    ("host_block.h", "xv[4 * r + p][lane + i] = xr[4 * i + p];", "xv[4 * r + p][lane + i] = xr[4 * i + (p ^ 1)];"),
+    ("host_block.h", "if (!cc.wide[lane]) continue;", "if (!cc.raw[lane]) continue;"),
+    ("host_block.h", "cc.w[k], 4 * m);", "cc.w[k], 4 * SEG_CHUNKS);"),
 ]
 
 
@@ -329,9 +343,93 @@ def test_mutated_append_path_is_caught(tmp_path, monkeypatch, name, old, new):
     monkeypatch.setattr(native, "threads", lambda: 1)  # one scratch buffer, blocks in order: stale bytes show
     caught = 0
     for check in (lambda: test_encode_kv_and_pack_kv_are_encode_and_store(64, True),
-                  lambda: test_encode_decode_match_the_reference(64)):  # the encoder's bytes (same core)
+                  lambda: test_encode_kv_and_pack_kv_are_encode_and_store(80, True),
+                  lambda: _encode_decode_check(64),  # the encoder's bytes (same core)
+                  lambda: _encode_decode_check(80),  # 64 x 80: segments start mid row group
+                  lambda: _encode_decode_check(80, 16)):  # a short last segment
         try:
             check()
         except AssertionError:
             caught += 1
     assert caught, "a mutated append path passed both byte-for-byte checks"
+
+
+# ------------------------------------------------------------------------------------------------
+# the encoder on real K/V (SmolLM2, the shipped table), as a prefill hands it to the cache
+# ------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def prefill_kv(smollm2, wikitext_test):
+    """Every SmolLM2 layer's post-RoPE (K, V) after a 533-token prefill of held-out WikiText (BF16
+    ``[1, 3, 533, 64]``, the tensors a cache's update() receives) and the shipped table."""
+    from transformers import DynamicCache
+
+    from gaac_hf.calibration.shipped import find_table
+    from gaac_hf.calibration.table import CalibrationTable
+
+    model, tok = smollm2
+    ids = tok(wikitext_test[:20000], return_tensors="pt").input_ids[:, : 8 * 64 + 21]
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    return [(layer.keys, layer.values) for layer in cache.layers], CalibrationTable.load(find_table("smollm2-135m"))
+
+
+def _real_kv_check(prefill_kv, shift: int) -> list[int]:
+    """encode_kv (the append path) and encode_v3 on every layer's real K/V against encode_blocks_v3 +
+    pack_blocks, byte for byte. ``shift``: take the bases of layer ``l + shift`` with K and V swapped
+    when odd (windows that do not fit: wide and raw groups, BF16 blocks). Returns [wide, raw, BF16] totals."""
+    from gaac_hf.cache.pool_v3 import geometry_v3
+
+    layers, table = prefill_kv
+    g = geometry_v3(table.geometry)
+    t, d, cap = g.block_size, g.head_dim, g.raw_bytes
+    totals = [0, 0, 0]
+    for li, (k, v) in enumerate(layers):
+        src, swap = (li + shift) % len(layers), shift % 2
+        bases = torch.stack([torch.stack(table.bases(src, kind ^ swap)) for kind in (0, 1)]).contiguous()
+        b, h, s, _ = k.shape
+        nfull = s // t
+        rows, nbytes, stats = native.encode_kv(k, v, nfull, bases, g)
+        heads = torch.arange(h).view(1, h, 1).expand(b, h, nfull).reshape(-1)
+        for kind, x in enumerate((k, v)):
+            blocks = x[:, :, : nfull * t].reshape(-1, t, d)
+            b8, b16 = bases[kind, 0][heads].contiguous(), bases[kind, 1][heads].contiguous()
+            enc = encode_blocks_v3(blocks, b8, b16, g)
+            assert torch.equal(nbytes[kind], enc.nbytes), f"layer {li} kind {kind}: block lengths differ"
+            fits = enc.nbytes <= cap
+            stored = torch.arange(cap) < enc.nbytes[fits].unsqueeze(1)  # encode_kv leaves bytes past a block as they were
+            assert torch.equal(rows[kind][fits][stored], enc.data[fits][stored]), f"layer {li} kind {kind}: encoded bytes differ"
+            assert torch.equal(rows[kind][~fits], blocks[~fits].reshape(-1, t * d).view(torch.uint8))
+            one_rows, one_nbytes = native.encode_v3(blocks, b8, b16, g)  # the other entry point, same walk
+            assert torch.equal(one_nbytes, enc.nbytes) and torch.equal(one_rows, enc.data)
+            pool, _ = pack_blocks(enc, blocks)
+            assert int(stats[kind, 0]) == pool.numel()
+            totals = [a + int(c) for a, c in zip(totals, stats[kind, 1:])]
+    return totals
+
+
+@pytest.mark.parametrize("shift", [0, 7])
+def test_encoder_on_real_prefill_kv_is_the_reference(prefill_kv, shift):
+    """The vectorized segment walk of host_block.h (encode_segment) on every layer of a real prefill,
+    with the shipped table's windows and with windows of another layer and kind."""
+    wide, raw, bf16 = _real_kv_check(prefill_kv, shift)
+    assert wide > 0
+    if shift:
+        assert raw > 0 and bf16 > 0, (wide, raw, bf16)
+
+
+def test_mutated_encoder_fails_on_real_prefill_kv(tmp_path, monkeypatch, prefill_kv):
+    """One bit of one lane's sign/mantissa word flipped in the segment walk (lane 17, the second vector
+    of 16 lanes): the real-K/V check must fail."""
+    text = (native.CORE / "host_block.h").read_text()
+    old = "st32(&buf[32 * (SEG_CHUNKS * s + lane) + 4 * i], cc.sm[i][lane]);"
+    assert text.count(old) == 1
+    (tmp_path / "host_block.h").write_text(text.replace(old, old.replace("cc.sm[i][lane]", "cc.sm[i][lane] ^ (lane == 17 && i == 3)")))
+    so = tmp_path / "variant.so"
+    subprocess.run(["g++", *native.FLAGS, f"-I{tmp_path}", f"-I{native.CORE}", "-o", str(so), str(native.HERE / "gaac_cpu.cpp")],
+                   check=True, capture_output=True)
+    lib = ctypes.CDLL(str(so))
+    native._declare(lib)
+    monkeypatch.setitem(native._STATE, "lib", lib)
+    with pytest.raises(AssertionError, match="encoded bytes differ"):
+        _real_kv_check(prefill_kv, 0)

@@ -26,8 +26,13 @@ typedef long long int64_t;
 #else
 #define GAAC_HD inline
 #endif
+// On the host the same loops are unrolled by GCC / clang: host_block.h's encode_segment runs
+// encode_chunk across the lanes of a segment and needs its body free of loops to vectorize it.
+// Unrolling changes no bit (integer code; no float operation is reordered by it).
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 #define GAAC_UNROLL _Pragma("unroll")
+#elif defined(__GNUC__)
+#define GAAC_UNROLL _Pragma("GCC unroll 16")
 #else
 #define GAAC_UNROLL
 #endif

@@ -100,11 +100,49 @@ struct EncodeScratch {
   std::vector<uint32_t> raws;
 };
 
+// encode_chunk's outputs for the SEG_CHUNKS lanes of a segment, field by field (structure of arrays).
+struct SegmentCode {
+  uint32_t sm[8][SEG_CHUNKS], w[CODE_WORDS][SEG_CHUNKS], entry[4][SEG_CHUNKS], rword[4][SEG_CHUNKS];
+  uint32_t wide[SEG_CHUNKS], raw[SEG_CHUNKS];
+};
+
+// encode_chunk on every lane of a segment: xv[4r + p][lane] = pair p of row r of the lane's chunk,
+// bw[0..1][lane] / bw[2..3][lane] = its base8 / base16 words. flatten inlines encode_chunk here (and
+// core.cuh's GAAC_UNROLL unrolls its loops), so the compiler vectorizes the lane loop (16 lanes per
+// 512-bit operation with AVX-512) as a warp runs it: ~4x faster than one chunk at a time, same bytes.
+#if defined(__GNUC__)
+#define GAAC_FLATTEN __attribute__((flatten))
+#else
+#define GAAC_FLATTEN
+#endif
+GAAC_FLATTEN inline void encode_segment(const uint32_t (&xv)[16][SEG_CHUNKS], const uint32_t (&bw)[4][SEG_CHUNKS],
+                                    SegmentCode& out) {
+#pragma GCC ivdep
+  for (int lane = 0; lane < SEG_CHUNKS; ++lane) {
+    uint32_t x[16];
+    for (int j = 0; j < 16; ++j) x[j] = xv[j][lane];
+    const uint32_t b8w[2] = {bw[0][lane], bw[1][lane]}, b16w[2] = {bw[2][lane], bw[3][lane]};
+    ChunkCode cc;
+    encode_chunk(x, b8w, b16w, cc);
+    for (int i = 0; i < 8; ++i) out.sm[i][lane] = cc.sm[i];
+    for (int k = 0; k < CODE_WORDS; ++k) out.w[k][lane] = cc.w[k];
+    for (int r = 0; r < 4; ++r) {
+      out.entry[r][lane] = cc.entry[r];
+      out.rword[r][lane] = cc.rword[r];
+    }
+    out.wide[lane] = cc.wide;
+    out.raw[lane] = cc.raw;
+  }
+}
+
 // Encode one block whose row r (D/2 BF16 pair words) is at row_words(r), with the head's uint8 bases,
 // into out: its first min(length, cap) bytes (nothing after them is written). Returns the block's
 // stored length (may exceed cap: then the caller stores the block as BF16); n_ent / n_raw: its wide
 // and raw group counts (the totals of its segment table). The rows come through a callable so that a
 // strided [B, H, S, D] tensor needs no copy.
+// The walk: per segment, the lanes' inputs are gathered into structure-of-arrays form, encode_segment
+// runs encode_chunk on all of them, and the outputs go to their places in chunk order (entries and raw
+// words in (chunk, row) order, as a warp's prefix sums place them).
 template <class RowWords>
 inline int encode_block_rows(const Geom& g, RowWords row_words, const uint8_t* b8, const uint8_t* b16, EncodeScratch& sc,
                              uint8_t* out, int cap, int* n_ent_out, int* n_raw_out) {
@@ -114,34 +152,48 @@ inline int encode_block_rows(const Geom& g, RowWords row_words, const uint8_t* b
   if (sc.buf.size() < room) sc.buf.resize(room);
   uint8_t* buf = sc.buf.data();
   sc.raws.clear();
-  int n_ent = 0, seg_ent = 0, seg_raw = 0;
-  for (int c = 0; c < g.chunks; ++c) {
-    const int s = c / SEG_CHUNKS, lane = c % SEG_CHUNKS, col = chunk_col(g, c), row0 = chunk_row0(g, c);
-    if (lane == 0) {
-      seg_ent = n_ent;
-      seg_raw = (int)sc.raws.size();
-      st32(&buf[g.segtab_off + 4 * s], (uint32_t)seg_ent | ((uint32_t)seg_raw << 16));
-    }
-    uint32_t xv[16];
-    for (int r = 0; r < 4; ++r) {
-      const uint32_t* xr = row_words(row0 + r);
-      for (int p = 0; p < 4; ++p) xv[4 * r + p] = xr[4 * col + p];
-    }
-    ChunkCode cc;
-    uint32_t b8w[2], b16w[2];
-    std::memcpy(b8w, b8 + 8 * col, 8);
-    std::memcpy(b16w, b16 + 8 * col, 8);
-    encode_chunk(xv, b8w, b16w, cc);
-    for (int i = 0; i < 8; ++i) st32(&buf[32 * c + 4 * i], cc.sm[i]);
-    for (int k = 0; k < 3; ++k) st32(&buf[code_word_off(g, s, lane, k)], cc.w[k]);
-    for (int r = 0; r < 4; ++r) {
-      if ((cc.wide >> r) & 1) {  // entries go straight to their place: segments are walked in order
-        const uint32_t e = cc.entry[r] | (uint32_t)(4 * lane + r);
-        buf[g.entry_off + 2 * n_ent] = e & 0xFF;
-        buf[g.entry_off + 2 * n_ent + 1] = (e >> 8) & 0xFF;
-        ++n_ent;
+  int n_ent = 0;
+  for (int s = 0; s < g.segs; ++s) {
+    const int m = seg_chunks(g, s);
+    st32(&buf[g.segtab_off + 4 * s], (uint32_t)n_ent | ((uint32_t)sc.raws.size() << 16));
+    // the lanes' inputs, lane = chunk of the segment (as decode_block reads them)
+    alignas(64) uint32_t xv[16][SEG_CHUNKS], bw[4][SEG_CHUNKS];
+    for (int lane = 0; lane < m;) {  // runs of lanes in one row group: consecutive columns of 4 rows
+      const int c = SEG_CHUNKS * s + lane, col0 = chunk_col(g, c), row0 = chunk_row0(g, c);
+      const int run = g.cols - col0 < m - lane ? g.cols - col0 : m - lane;
+      for (int r = 0; r < 4; ++r) {
+        const uint32_t* xr = row_words(row0 + r) + 4 * col0;
+        for (int i = 0; i < run; ++i)
+          for (int p = 0; p < 4; ++p) xv[4 * r + p][lane + i] = xr[4 * i + p];
       }
-      if ((cc.raw >> r) & 1) sc.raws.push_back(cc.rword[r]);
+      for (int i = 0; i < run; ++i) {
+        bw[0][lane + i] = ld32(b8 + 8 * (col0 + i));
+        bw[1][lane + i] = ld32(b8 + 8 * (col0 + i) + 4);
+        bw[2][lane + i] = ld32(b16 + 8 * (col0 + i));
+        bw[3][lane + i] = ld32(b16 + 8 * (col0 + i) + 4);
+      }
+      lane += run;
+    }
+    for (int lane = m; lane < SEG_CHUNKS; ++lane) {  // padding lanes (a last, short segment): encoded, dropped
+      for (int j = 0; j < 16; ++j) xv[j][lane] = 0;
+      for (int j = 0; j < 4; ++j) bw[j][lane] = 0;
+    }
+    alignas(64) SegmentCode cc;
+    encode_segment(xv, bw, cc);
+    for (int lane = 0; lane < m; ++lane)
+      for (int i = 0; i < 8; ++i) st32(&buf[32 * (SEG_CHUNKS * s + lane) + 4 * i], cc.sm[i][lane]);
+    for (int k = 0; k < CODE_WORDS; ++k) std::memcpy(&buf[code_word_off(g, s, 0, k)], cc.w[k], 4 * m);  // [k][lane]
+    for (int lane = 0; lane < m; ++lane) {
+      if (!cc.wide[lane]) continue;
+      for (int r = 0; r < 4; ++r) {
+        if ((cc.wide[lane] >> r) & 1) {  // entries go straight to their place: segments are walked in order
+          const uint32_t e = cc.entry[r][lane] | (uint32_t)(4 * lane + r);
+          buf[g.entry_off + 2 * n_ent] = e & 0xFF;
+          buf[g.entry_off + 2 * n_ent + 1] = (e >> 8) & 0xFF;
+          ++n_ent;
+        }
+        if ((cc.raw[lane] >> r) & 1) sc.raws.push_back(cc.rword[r][lane]);
+      }
     }
   }
   const int n_raw = (int)sc.raws.size();
