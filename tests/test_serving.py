@@ -149,12 +149,42 @@ def _prompts(tok, wikitext_test):
     return [tok(wikitext_test[s: s + 2000]).input_ids[:n] for s, n in zip(starts, lens)]
 
 
+def _paged_kv_checker(checked: list):
+    """A ``batch.CHECK_PAGED`` hook: the PagedKV a decode step would hand the fused kernel (slot pool,
+    gathered tables, last pages as tails) must hold exactly the K/V the step reads, request by request
+    (layer positions 0, 1 and the last: the table gather is the same code at every layer)."""
+    def check(store, pos, plan, k, v):
+        if pos not in (0, 1, store.layout.layers - 1):
+            return
+        paged = store.paged_kv(pos, plan)
+        T, H, D = store.geometry.block_size, store.layout.kv_heads, store.layout.head_dim
+        nb, tl = paged.num_blocks.tolist(), paged.tail_len.tolist()
+        assert paged.k.pool.data_ptr() == store.slots.data_ptr() and paged.k.table.dtype == torch.int64
+        off = 0
+        for b in range(len(nb)):
+            n = nb[b] * T + tl[b]
+            for kind, (pt, ref) in enumerate(((paged.k, k), (paged.v, v))):
+                got = pt.tail[b, :, : tl[b]]  # [H, tail, D]
+                if nb[b]:  # the store's own decoder (tests/test_cpu_kernels.py checks it against the reference)
+                    heads = torch.arange(H).repeat_interleave(nb[b])
+                    dec = store.decode_entries(pos, kind, pt.table[b, :, : nb[b]].reshape(-1), heads)
+                    got = torch.cat([dec.view(H, nb[b] * T, D), got], dim=1)
+                assert torch.equal(_bits(got), _bits(ref[off: off + n].transpose(0, 1))), (pos, b, kind)
+            off += n
+        assert off == k.shape[0]
+        checked.append((pos, len(nb), sum(nb)))
+
+    return check
+
+
 @SERVING
-def test_generate_batch_matches_the_bf16_engine(smollm2, wikitext_test):
+def test_generate_batch_matches_the_bf16_engine(smollm2, wikitext_test, monkeypatch):
     """Same engine decisions (the same block count), GAAC vs BF16 storage: identical tokens for every
-    request, with a block count so small that the engine preempts (soft resets) requests."""
+    request, with a block count so small that the engine preempts (soft resets) requests. And every decode
+    step's PagedKV for the fused kernel (``fused_decode=True`` on Hopper) holds exactly the K/V it reads."""
     from transformers import GenerationConfig
 
+    from gaac_hf.integrations.serving import batch as serving_batch
     from gaac_hf.integrations.serving import bf16_serving_config, gaac_serving
 
     model, tok = smollm2
@@ -169,9 +199,13 @@ def test_generate_batch_matches_the_bf16_engine(smollm2, wikitext_test):
     bf16 = bf16_serving_config(model, blocks * bf16_block, **kw)
     assert bf16.num_blocks == blocks
     ref = model.generate_batch(inputs=ids, generation_config=gen, progress_bar=False, continuous_batching_config=bf16)
+    checked = []
+    monkeypatch.setattr(serving_batch, "CHECK_PAGED", _paged_kv_checker(checked))
     with gaac_serving(model, "smollm2-135m", num_blocks=blocks, open_pages=16, **kw) as serving:
         out = model.generate_batch(inputs=ids, generation_config=gen, progress_bar=False,
                                    continuous_batching_config=serving.config)
+    # decode steps of up to 4 requests, most over compressed blocks (the prompts span 2-4 blocks each)
+    assert len(checked) >= 3 * 8 and max(n for _, n, _ in checked) >= 2 and max(b for *_, b in checked) >= 4, checked
     stats = serving.stats()
     assert stats["gaac_blocks"] == blocks and stats["preemptions"] > 0, stats
     assert stats["closed_blocks"] >= 8 and stats["overflow_blocks"] == 0, stats
@@ -198,6 +232,98 @@ def test_gaac_serving_is_undone(smollm2):
         with gaac_serving(model, "smollm2-135m", num_blocks=4, page_size=64):
             raise KeyError("inside")
     assert continuous_api.PagedAttentionCache is before
+
+
+def _reference_decode_attention(calls: list):
+    """A CPU stand-in for the fused kernel behind ``fused_decode`` (q ``[N, Hq, D]`` -> ``[N, Hq, D]``): the
+    PagedKV decoded (the page store's decoder, attached as ``paged.decode``), then SDPA per request (what the
+    kernel computes, within its arithmetic)."""
+    def decode_attention(q, paged, scaling):
+        query = q.transpose(0, 1)[None]  # [1, Hq, N, D]
+        g = paged.geometry
+        T, H, D = g.block_size, paged.k.table.shape[1], g.head_dim
+        outs = []
+        for b, (nb, tl) in enumerate(zip(paged.num_blocks.tolist(), paged.tail_len.tolist())):
+            kv = []
+            for kind, pt in enumerate((paged.k, paged.v)):
+                x = pt.tail[b, :, :tl]
+                if nb:
+                    heads = torch.arange(H).repeat_interleave(nb)
+                    dec = paged.decode(kind, pt.table[b, :, :nb].reshape(-1), heads)
+                    x = torch.cat([dec.view(H, nb * T, D), x], dim=1)
+                kv.append(x[None])
+            outs.append(torch.nn.functional.scaled_dot_product_attention(query[:, :, b: b + 1], *kv, scale=scaling,
+                                                                         enable_gqa=True))
+        calls.append(len(outs))
+        return torch.cat(outs, 2)[0].transpose(0, 1)  # [N, Hq, D]
+
+    return decode_attention
+
+
+@SERVING
+def test_fused_decode_through_the_engine_gives_the_bf16_engines_tokens(smollm2, wikitext_test, monkeypatch):
+    """fused_decode=True end to end on the CPU, with the kernel replaced by the reference codec + SDPA per
+    request: decode steps read nothing from the page store, their PagedKV reaches the attention call, and
+    every request gets the BF16 engine's tokens."""
+    from transformers import GenerationConfig
+
+    import gaac_hf.integrations.serving as serving_mod
+    from gaac_hf.cache import pages
+    from gaac_hf.integrations.serving import attention, bf16_serving_config, gaac_serving
+
+    model, tok = smollm2
+    ids = _prompts(tok, wikitext_test)[:2]  # 150 and 260 tokens: decode steps over 2 and 4 compressed blocks
+    new = 4
+    gen = GenerationConfig(max_new_tokens=new, do_sample=False, eos_token_id=None, pad_token_id=0)
+    kw = dict(page_size=64, max_batch_tokens=256, max_requests_per_batch=4)
+    c = model.config
+    blocks = 16
+    bf16 = bf16_serving_config(model, blocks * c.num_hidden_layers * 2 * 64 * c.num_key_value_heads * c.head_dim * 2, **kw)
+    ref = model.generate_batch(inputs=ids, generation_config=gen, progress_bar=False, continuous_batching_config=bf16)
+    calls = []
+    monkeypatch.setattr(serving_mod, "_fused_group", lambda *a: 3)
+    monkeypatch.setattr(attention, "decode_attention", _reference_decode_attention(calls))
+    real_paged_kv = pages.PageStore.paged_kv
+
+    def paged_kv(self, pos, plan):  # the stand-in decodes with the layer's windows
+        kv = real_paged_kv(self, pos, plan)
+        object.__setattr__(kv, "decode", lambda kind, entries, heads: self.decode_entries(pos, kind, entries, heads))
+        return kv
+
+    monkeypatch.setattr(pages.PageStore, "paged_kv", paged_kv)
+    with gaac_serving(model, "smollm2-135m", num_blocks=blocks, open_pages=16, fused_decode=True, **kw) as serving:
+        out = model.generate_batch(inputs=ids, generation_config=gen, progress_bar=False,
+                                   continuous_batching_config=serving.config)
+    assert len(calls) >= (new - 1) * c.num_hidden_layers and max(calls) == len(ids), calls[:8]
+    cache = serving.caches[-1]
+    batch = cache.batch if hasattr(cache, "batch") else cache.cache_allocators["full_attention"].batch  # 5.17 / 5.24
+    assert batch.fused_steps == len(calls)
+    for rid in ref:
+        assert out[rid].generated_tokens == ref[rid].generated_tokens, rid
+
+
+@SERVING
+def test_fused_decode_wraps_one_attention_entry_and_undoes_it(smollm2, monkeypatch):
+    """fused_decode=True: on the CPU it says why decode steps read decoded pages and changes nothing else;
+    where the kernel can run, the engine's attention entry is wrapped inside the block only."""
+    from transformers.modeling_utils import AttentionInterface
+
+    import gaac_hf.integrations.serving as serving_mod
+    from gaac_hf.integrations.serving import gaac_serving
+
+    model, _ = smollm2
+    name = "paged|sdpa" if serving_mod._is_517() else "sdpa"
+    original = AttentionInterface._global_mapping[name]
+    with pytest.warns(RuntimeWarning, match="decode steps read decoded pages .*cpu device"):
+        with gaac_serving(model, "smollm2-135m", num_blocks=4, page_size=64, fused_decode=True):
+            assert AttentionInterface._global_mapping[name] is original
+    monkeypatch.setattr(serving_mod, "_fused_group", lambda *a: 3)  # as on Hopper with the cuda extra
+    with pytest.raises(KeyError):
+        with gaac_serving(model, "smollm2-135m", num_blocks=4, page_size=64, fused_decode=True):
+            wrapped = AttentionInterface._global_mapping[name]
+            assert wrapped is not original and wrapped.gaac_wraps is original
+            raise KeyError("inside")
+    assert AttentionInterface._global_mapping[name] is original
 
 
 @SERVING

@@ -34,12 +34,28 @@ import torch
 from ..calibration.table import CalibrationTable
 from ..format.v3 import ENTRY_RAW
 from ..kernels.cpu import native
+from ..kernels.paged import PagedKV, PagedTensorV3
 from .pool_v3 import GUARD, _BlockPoolV3, geometry_v3
 
 #: frames never given out (an engine's padding tokens read one and write the other)
 TRASH_FRAMES = 2
 #: warn once when more than this share of the first OVERFLOW_CHECK_BLOCKS closed blocks overflowed
 OVERFLOW_WARN_SHARE, OVERFLOW_CHECK_BLOCKS = 0.05, 32
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """What a decode step of a batch reads, for :meth:`PageStore.paged_kv` (built once per batch).
+
+    ids: int64 ``[B, max(1, nb)]`` the compressed blocks of each request but its last, in order (padding
+    repeats a valid block and is never read); frames: int64 ``[B]`` the frame of each request's last
+    (open or just filled) block, the kernel's tail; num_blocks / tail_len: int32 ``[B]``."""
+
+    ids: torch.Tensor
+    frames: torch.Tensor
+    num_blocks: torch.Tensor
+    tail_len: torch.Tensor
+    max_blocks: int
 
 
 @dataclass(frozen=True)
@@ -280,6 +296,35 @@ class PageStore:
             x = self._codecs[layer_pos][kind].decode_from(self.slots, self.slots.numel(), ent, heads)
             out.append(x.view(n, lay.kv_heads, lay.page_size, lay.head_dim).permute(0, 2, 1, 3))
         return out[0], out[1]
+
+    def paged_kv(self, layer_pos: int, plan: DecodePlan) -> PagedKV:
+        """Layer position ``layer_pos`` of a decode step as the fused v3 kernel reads it: the slot tensor
+        as the pool (every compressed page is one v3 block per head at its entry's offset, ``GUARD`` bytes
+        free at the end), block tables gathered from the entry table, each request's last page copied
+        from its frame as the tail. Needs ``page_size == block_size`` (one v3 block per head and page).
+
+        Returns a :class:`~gaac_hf.kernels.paged.PagedKV` of :class:`PagedTensorV3` (tables int64
+        ``[B, H, max_blocks]``, tails BF16 ``[B, H, T, D]``)."""
+        lay, g = self.layout, self.geometry
+        if lay.page_size != g.block_size:
+            raise ValueError(f"paged_kv needs page_size == the v3 block size ({g.block_size}), got {lay.page_size}")
+        kinds = []
+        for kind in (0, 1):
+            table = self.entries[plan.ids, layer_pos, kind].permute(0, 2, 1).contiguous()  # [B, H, nb]
+            tail = self._pages[layer_pos][kind].index_select(0, plan.frames).permute(0, 2, 1, 3).contiguous()
+            codec = self._codecs[layer_pos][kind]
+            kinds.append(PagedTensorV3(self.slots, table, tail, codec.b8p, codec.dbp))
+        return PagedKV(kinds[0], kinds[1], plan.num_blocks, plan.tail_len, g, active_blocks=max(1, plan.max_blocks))
+
+    def bases(self, layer_pos: int, kind: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """uint8 ``[H, D]`` base8 / base16 windows of a layer position and kind."""
+        codec = self._codecs[layer_pos][kind]
+        return codec.base8, codec.base16
+
+    def decode_entries(self, layer_pos: int, kind: int, entries: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
+        """BF16 ``[n, T, D]``: the v3 blocks at slot-tensor ``entries`` (int64 ``[n]``) of kv ``heads``
+        (int ``[n]``), decoded with this layer position and kind's windows."""
+        return self._codecs[layer_pos][kind].decode_from(self.slots, self.slots.numel(), entries, heads)
 
     def block_ids(self, blocks: list[int]) -> torch.Tensor:
         """int64 ``[n]`` on the store's device (one host-to-device copy)."""

@@ -11,7 +11,8 @@ Inside the ``with`` block the engine's paged cache stores full-attention blocks 
 :mod:`.engine_517` for 5.17, both on :mod:`.batch`), so a KV budget holds ~1.3-1.4x the blocks of
 BF16 and the engine's own scheduler admits and preempts on that real free space. On exit the one
 patched symbol (``continuous_api.PagedAttentionCache``) is restored (on 5.17 also the model's attention
-implementation, switched to ``paged|sdpa`` inside the block); nothing is patched at import.
+implementation, switched to ``paged|sdpa`` inside the block; with ``fused_decode=True`` also the
+``AttentionInterface`` entry the engine calls, see :mod:`.attention`); nothing is patched at import.
 :func:`bf16_serving_config` gives the BF16 engine the same budget and settings, for comparisons.
 
 The budget (``kv_budget_bytes``) pays for everything the GAAC pool holds: the compressed slots, the
@@ -150,7 +151,8 @@ def _sizes(config, calibration, page: int, slot_fraction: float) -> dict:
 @contextlib.contextmanager
 def gaac_serving(model, calibration, *, kv_budget_bytes: int | None = None, num_blocks: int | None = None,
                  free_memory_fraction: float | None = None,
-                 slot_fraction: float = DEFAULT_SLOT_FRACTION, open_pages: int | None = None, **overrides):
+                 slot_fraction: float = DEFAULT_SLOT_FRACTION, open_pages: int | None = None,
+                 fused_decode: bool = False, **overrides):
     """Serve ``model`` with GAAC pages inside the ``with`` block; yields a :class:`ServingSession`
     whose ``config`` (a ContinuousBatchingConfig) goes to ``generate_batch`` / the manager.
 
@@ -166,6 +168,10 @@ def gaac_serving(model, calibration, *, kv_budget_bytes: int | None = None, num_
         slot_fraction: slot size as a fraction of a page's BF16 bytes (blocks that do not fit stay BF16).
         open_pages: BF16 frames for open blocks; default: enough for one batch of ``max_batch_tokens``
             new tokens plus one open block per request of a batch.
+        fused_decode: run decode steps (every request adds one token) through the fused v3 CUDA kernel,
+            which reads the compressed pages directly (:mod:`.attention`; needs the ``cuda`` extra on Hopper
+            and ``page_size`` = the v3 block size). Off by default: not yet measured on the H200. Where the
+            kernel cannot run, says why once and reads decoded pages.
         overrides: other ContinuousBatchingConfig fields (``page_size``, ``max_batch_tokens``, ...).
     """
     from transformers.generation.continuous_batching import continuous_api
@@ -197,17 +203,60 @@ def gaac_serving(model, calibration, *, kv_budget_bytes: int | None = None, num_
         from .engine_517 import GAACPagedAttentionCache517 as base
     else:
         from .engine_524 import GAACPagedAttentionCache as base
+    group = _fused_group(model, sz["table"], page) if fused_decode else None
     cls = type("GAACPagedAttentionCacheBound", (base,),
                {"_gaac": dict(table=sz["table"], slot_bytes=sz["slot_bytes"], frames=frames, num_blocks=num_blocks,
-                              session=session)})
+                              session=session, fused_group=group)})
     saved = continuous_api.PagedAttentionCache
     attn = model.config._attn_implementation
     continuous_api.PagedAttentionCache = cls
+    wrapped = _wrap_attention(group is not None)
     try:
         if _is_517() and attn != "paged|sdpa":
             model.set_attn_implementation("paged|sdpa")  # 5.17 would pick flash, which reads block tables itself
         yield session
     finally:
         continuous_api.PagedAttentionCache = saved
+        if wrapped is not None:
+            from transformers.modeling_utils import AttentionInterface
+
+            name, original = wrapped
+            AttentionInterface._global_mapping[name] = original
         if model.config._attn_implementation != attn:
             model.set_attn_implementation(attn)
+
+
+def _fused_group(model, table, page: int) -> int | None:
+    """Query heads per kv head when decode steps can run the fused v3 kernel on the model's device, else
+    None (with a warning that says why)."""
+    import warnings
+
+    from ...cache.fused_v3 import why_unavailable
+    from ...cache.pool_v3 import geometry_v3
+
+    cfg = model.config.get_text_config()
+    group = cfg.num_attention_heads // (getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
+    block = geometry_v3(table.geometry).block_size
+    reason = why_unavailable(getattr(model, "device", torch.device("cpu")), table.geometry.head_dim, group)
+    if reason is None and page != block:
+        reason = f"page_size {page} is not the v3 block size {block}"
+    if reason is not None:
+        warnings.warn(f"gaac_serving(fused_decode=True): decode steps read decoded pages ({reason})", RuntimeWarning,
+                      stacklevel=3)
+        return None
+    return group
+
+
+def _wrap_attention(on: bool):
+    """Put the fused-decode wrapper (:mod:`.attention`) in the AttentionInterface entry this release's
+    engine calls; returns (name, original) to restore, or None."""
+    if not on:
+        return None
+    from transformers.modeling_utils import AttentionInterface
+
+    from .attention import paged_sdpa_517, sdpa_524
+
+    name, wrap = ("paged|sdpa", paged_sdpa_517) if _is_517() else ("sdpa", sdpa_524)
+    original = AttentionInterface._global_mapping[name]
+    AttentionInterface._global_mapping[name] = wrap(original)
+    return name, original

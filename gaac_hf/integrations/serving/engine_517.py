@@ -94,7 +94,7 @@ class GAACPagedAttentionCache517(tf_cache.PagedAttentionCache):
         slots = torch.zeros(blocks * store.layout.layers * store.layout.slot_bytes, dtype=torch.uint8, device=device)
         store.bind(slots, blocks, usable + TRASH_FRAMES, layer_frames=list(zip(self.key_cache, self.value_cache)))
         self.gaac_store = store
-        self.batch = BatchPages(store, (usable + TRASH_FRAMES) * page)
+        self.batch = BatchPages(store, (usable + TRASH_FRAMES) * page, fused_group=settings.get("fused_group"))
         self.num_blocks, self.num_pages = blocks, blocks * page
         self._block_manager = BlockManager(blocks, page, tp_on=False)
         self.group_cache_managers = [GAACFullAttentionAllocator517(0, page, store, self.batch)]

@@ -33,6 +33,7 @@ from transformers.generation.continuous_batching import cache as tf_cache
 from transformers.generation.continuous_batching.cache_allocators import FULL_ATTENTION, FullAttentionCacheAllocator
 
 from ...cache.pages import PageStore
+from .attention import FUSED_KWARG
 from .batch import BatchPages, check_engine_config
 
 
@@ -48,7 +49,7 @@ class GAACFullAttentionAllocator(FullAttentionCacheAllocator):
     supports_block_table = False
 
     def __init__(self, index, config, num_key_value_heads, cache_dtype, page_size, layer_indices, allow_block_sharing,
-                 *, store: PageStore, num_frames: int) -> None:
+                 *, store: PageStore, num_frames: int, fused_group: int | None = None) -> None:
         if cache_dtype != torch.bfloat16:
             raise ValueError(f"GAAC serving stores bfloat16 K/V losslessly; the model runs in {cache_dtype}: load it with "
                              "dtype=torch.bfloat16")
@@ -56,7 +57,7 @@ class GAACFullAttentionAllocator(FullAttentionCacheAllocator):
             raise ValueError(f"the calibration table has {store.layout.kv_heads} kv heads, the engine {num_key_value_heads} "
                              "(tensor parallel serving is not supported by GAAC yet)")
         self.head_dim, self.num_key_value_heads, self.cache_dtype = store.layout.head_dim, num_key_value_heads, cache_dtype
-        self.store, self.num_frames = store, num_frames
+        self.store, self.num_frames, self.fused_group = store, num_frames, fused_group
         self._before_cache_tensor_init(index=index, layer_indices=layer_indices, tokens_per_page=page_size,
                                        bytes_per_page=store.layout.slot_bytes, allow_block_sharing=False)
         self.batch = None  # BatchPages, once the store is bound
@@ -69,7 +70,7 @@ class GAACFullAttentionAllocator(FullAttentionCacheAllocator):
         total_blocks = cache_tensor.numel() // self.bytes_per_block  # block ids count the trash sectors too
         self.store.bind(cache_tensor.view(-1), total_blocks, self.num_frames)
         self.write_trash_index = self.store.frame_stride  # frame 1 (frame 0: the read trash, row 0)
-        self.batch = BatchPages(self.store, self.num_frames * self.store.frame_stride)
+        self.batch = BatchPages(self.store, self.num_frames * self.store.frame_stride, fused_group=self.fused_group)
 
     def needs_new_sectors(self, request_id: str, past_length: int, query_length: int) -> int:
         """The engine's count, or more sectors than exist when the new blocks find no free frame (the
@@ -137,7 +138,7 @@ class GAACPagedAttentionCache(tf_cache.PagedAttentionCache):
 
         class _Allocator(GAACFullAttentionAllocator):
             def __init__(self, **kw):
-                super().__init__(**kw, store=store, num_frames=frames)
+                super().__init__(**kw, store=store, num_frames=frames, fused_group=settings.get("fused_group"))
 
         sectors = settings["num_blocks"]
 
@@ -159,6 +160,18 @@ class GAACPagedAttentionCache(tf_cache.PagedAttentionCache):
             raise RuntimeError(f"GAAC serving expected one block per sector, got {self.bytes_per_sector} bytes per sector "
                                "(a model with sliding-window layers too: not supported yet)")
         settings["session"].caches.append(self)
+
+    def update(self, key_states, value_states, layer_idx, kwargs):
+        """The engine's update; a full-attention decode step that left its pages for the fused kernel
+        (:meth:`~.batch.BatchPages.layer_step`) hands them to the attention call through ``kwargs``
+        (:data:`~.attention.FUSED_KWARG`), which the engine passes on to it."""
+        out = super().update(key_states, value_states, layer_idx, kwargs)
+        allocator = self.layer_to_allocator[layer_idx]
+        if isinstance(allocator, GAACFullAttentionAllocator):
+            paged = allocator.batch.take_fused()
+            if paged is not None:
+                kwargs[FUSED_KWARG] = paged
+        return out
 
     def count_storable_requests(self, list_blocks_needed: list[dict[str, int]]) -> int:
         """The engine's count, limited by the free frames (each new block opens one)."""
