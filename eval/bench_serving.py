@@ -112,6 +112,8 @@ def main(argv=None):
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--max-batch-tokens", type=int, default=512)
     ap.add_argument("--max-requests", type=int, default=8)
+    ap.add_argument("--fused-decode", action="store_true",
+                    help="GAAC decode steps through the fused v3 kernel (gaac_serving(fused_decode=True))")
     args = ap.parse_args(argv)
     from transformers import GenerationConfig
 
@@ -122,6 +124,7 @@ def main(argv=None):
     gen = GenerationConfig(max_new_tokens=args.new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
     limits = dict(max_batch_tokens=args.max_batch_tokens, max_requests_per_batch=args.max_requests)
     result = dict(harness.provenance(argv=sys.argv), model=args.model, device=args.device, requests=args.requests,
+                  fused_decode=args.fused_decode,
                   prompt_tokens=[len(x) for x in ids], new_tokens=args.new_tokens, limits=limits, rows=[])
     for gb in (float(x) for x in args.budgets_gb.split(",")):
         budget = int(gb * (1 << 30))
@@ -129,9 +132,12 @@ def main(argv=None):
         bf16_cfg = bf16_serving_config(model, budget, **limits)
         ref, row["bf16"] = _run(model, ids, gen, bf16_cfg)
         row["bf16"]["blocks"] = bf16_cfg.num_blocks
-        with gaac_serving(model, calibration, kv_budget_bytes=budget, **limits) as serving:
+        with gaac_serving(model, calibration, kv_budget_bytes=budget, fused_decode=args.fused_decode, **limits) as serving:
             out, row["gaac"] = _run(model, ids, gen, serving.config)
         st = serving.stats()
+        cache = serving.caches[-1]
+        batch = cache.batch if hasattr(cache, "batch") else cache.cache_allocators["full_attention"].batch
+        row["gaac"]["fused_layer_steps"] = batch.fused_steps
         page = serving.page_size
         row["gaac"].update(blocks=st["gaac_blocks"], preemptions=st["preemptions"], overflow_blocks=st["overflow_blocks"],
                            open_pages=serving.open_pages, pool=st)
