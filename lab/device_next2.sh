@@ -1,8 +1,8 @@
 #!/bin/bash
-# Second call of the next GPU session: H200 memory (v3 default) and serving at 8 / 16 GiB with the twin.
+# Second call of the next GPU session: the 36-layer e2e decode step with its own budget (128K and B=16 were cut
+# in session 11: time budget, and one-forward prefill out of memory; bench_e2e now prefills in chunks and
+# records a BF16 cache that does not fit as oom_*).
 export PYTHONUNBUFFERED=1 GAAC_COMMIT="${1:-unknown}" GAAC_DIRTY=0
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "pip -e failed"
-timeout 150 python3 eval/memory_report.py --gpu --contexts 32768 65536 --gpu-layers 12 --out $OUT/memory_h200.json 2>&1 | tail -4
-timeout 420 python3 eval/bench_serving.py --model qwen3-8b-random --budgets-gb 8 --requests 24 --prompt-min 8192 \
-  --prompt-max 16384 --new-tokens 128 --max-requests 16 --max-batch-tokens 2048 --out $OUT/serving_h200.json 2>&1 \
-  | grep -v Warn | tail -3
+timeout 560 python3 eval/bench_e2e.py --contexts 32768 65536 131072 --batches 1 4 16 --steps 8 --prof-steps 3 \
+  --prefill-reps 1 --budget-s 520 --out $OUT/e2e_h200.json 2>&1 | grep -v Warn | tail -12
