@@ -34,8 +34,9 @@ from ...cache.pages import DecodePlan, PageStore
 
 #: request ids remembered as freed, to tell a preemption (the same id admitted again) from an end
 FREED_MEMORY = 4096
-#: tests only: build each eligible decode step's PagedKV even without the fused kernel, and compare what it
-#: holds with the K/V the step reads (``check_paged``; the step still returns its decoded reads)
+#: tests only: a callable ``(store, layer_pos, plan, k, v)`` called at each decode step the fused kernel could
+#: read, with the K/V the step decoded (it still returns them); tests/test_serving.py compares them with
+#: ``store.paged_kv(layer_pos, plan)`` on the CPU, where the kernel cannot run. None in the product.
 CHECK_PAGED = None
 
 
