@@ -120,12 +120,18 @@ def main(argv=None):
     ap.add_argument("--max-batch-tokens", type=int, default=512)
     ap.add_argument("--max-requests", type=int, default=8)
     ap.add_argument("--fused-decode", action="store_true",
-                    help="GAAC decode steps through the fused v3 kernel (gaac_serving(fused_decode=True))")
+                    help="gaac_serving(fused_decode=True): the fused v3 kernel, with a message wherever it cannot run "
+                         "(the default, None, uses it wherever it can run)")
+    ap.add_argument("--decoded-pages", action="store_true",
+                    help="gaac_serving(fused_decode=False): decode steps read decoded pages (the path before the fused kernel)")
     ap.add_argument("--skip-twin", action="store_true",
                     help="leave out the twin run (BF16 engine with GAAC's block count). With --fused-decode on a GPU "
                          "the twin is not a bit-identity check anyway (transformers' attention and the fused kernel "
                          "add in other orders; tests/test_serving_gpu.py checks the fused path against its BF16 twin)")
     args = ap.parse_args(argv)
+    if args.fused_decode and args.decoded_pages:
+        ap.error("--fused-decode and --decoded-pages exclude each other")
+    fused = True if args.fused_decode else (False if args.decoded_pages else None)
     from transformers import GenerationConfig
 
     from gaac_hf.integrations.serving import bf16_serving_config, gaac_serving
@@ -135,7 +141,7 @@ def main(argv=None):
     gen = GenerationConfig(max_new_tokens=args.new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
     limits = dict(max_batch_tokens=args.max_batch_tokens, max_requests_per_batch=args.max_requests)
     result = dict(harness.provenance(argv=sys.argv), model=args.model, device=args.device, requests=args.requests,
-                  fused_decode=args.fused_decode,
+                  fused_decode={True: "on", False: "off", None: "default"}[fused],
                   prompt_tokens=[len(x) for x in ids], new_tokens=args.new_tokens, limits=limits, rows=[])
     for gb in (float(x) for x in args.budgets_gb.split(",")):
         budget = int(gb * (1 << 30))
@@ -145,7 +151,7 @@ def main(argv=None):
         ref, row["bf16"] = _run(model, ids, gen, bf16_cfg)
         row["bf16"]["blocks"] = bf16_cfg.num_blocks
         _progress(args.out, result, f"{gb:g} GiB bf16", row["bf16"])
-        with gaac_serving(model, calibration, kv_budget_bytes=budget, fused_decode=args.fused_decode, **limits) as serving:
+        with gaac_serving(model, calibration, kv_budget_bytes=budget, fused_decode=fused, **limits) as serving:
             out, row["gaac"] = _run(model, ids, gen, serving.config)
         st = serving.stats()
         cache = serving.caches[-1]

@@ -305,7 +305,9 @@ def test_fused_decode_through_the_engine_gives_the_bf16_engines_tokens(smollm2, 
 @SERVING
 def test_fused_decode_wraps_one_attention_entry_and_undoes_it(smollm2, monkeypatch):
     """fused_decode=True: on the CPU it says why decode steps read decoded pages and changes nothing else;
-    where the kernel can run, the engine's attention entry is wrapped inside the block only."""
+    the default (None) says nothing on the CPU; where the kernel can run, the default and True wrap the
+    engine's attention entry inside the block only, and False never does."""
+    import warnings
     from transformers.modeling_utils import AttentionInterface
 
     import gaac_hf.integrations.serving as serving_mod
@@ -317,13 +319,20 @@ def test_fused_decode_wraps_one_attention_entry_and_undoes_it(smollm2, monkeypat
     with pytest.warns(RuntimeWarning, match="decode steps read decoded pages .*cpu device"):
         with gaac_serving(model, "smollm2-135m", num_blocks=4, page_size=64, fused_decode=True):
             assert AttentionInterface._global_mapping[name] is original
-    monkeypatch.setattr(serving_mod, "_fused_group", lambda *a: 3)  # as on Hopper with the cuda extra
-    with pytest.raises(KeyError):
-        with gaac_serving(model, "smollm2-135m", num_blocks=4, page_size=64, fused_decode=True):
-            wrapped = AttentionInterface._global_mapping[name]
-            assert wrapped is not original and wrapped.gaac_wraps is original
-            raise KeyError("inside")
-    assert AttentionInterface._global_mapping[name] is original
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the default on the CPU: decoded pages, no message
+        with gaac_serving(model, "smollm2-135m", num_blocks=4, page_size=64):
+            assert AttentionInterface._global_mapping[name] is original
+    monkeypatch.setattr(serving_mod, "_fused_group", lambda *a, **k: 3)  # as on Hopper with the cuda extra
+    for fused in (True, None):
+        with pytest.raises(KeyError):
+            with gaac_serving(model, "smollm2-135m", num_blocks=4, page_size=64, fused_decode=fused):
+                wrapped = AttentionInterface._global_mapping[name]
+                assert wrapped is not original and wrapped.gaac_wraps is original
+                raise KeyError("inside")
+        assert AttentionInterface._global_mapping[name] is original
+    with gaac_serving(model, "smollm2-135m", num_blocks=4, page_size=64, fused_decode=False):
+        assert AttentionInterface._global_mapping[name] is original
 
 
 @SERVING
