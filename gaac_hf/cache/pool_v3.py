@@ -321,6 +321,22 @@ class _BlockPoolV3:
             self.bound.set_exact(used + total, raw, self.n_blocks + n, worst)
         else:
             self._room_bound(worst)
+        offs, entries = self._place(enc, blocks, lens)
+        if self.sums is not None:
+            src = torch.where(enc.fits[:, None], enc.rows, blocks.reshape(n, -1).contiguous().view(torch.uint8).reshape(n, -1))
+            self.sums = torch.cat([self.sums, byte_sums(src, 0, lens)])
+            self.sum_offs = torch.cat([self.sum_offs, offs])
+        self.n_blocks += n
+        self.encoded_blocks += n
+        self.bound.after_store(n * g.raw_bytes, self.counts[3], self.n_blocks)
+        return entries
+
+    def _place(self, enc: _EncodedV3, blocks: torch.Tensor, lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The device part of a sync-free store: blocks packed at the device counter, the counter and
+        the mode counts advanced. No growth and no host bookkeeping, so a CUDA graph can capture it
+        (:meth:`graph_store`). Returns (offsets int64 ``[N]``, table entries int64 ``[N]``)."""
+        g = self.geometry
+        n = blocks.shape[0]
         ends = self.bound.dev + torch.cumsum(lens, 0)
         offs = ends - lens
         if self.native:
@@ -331,16 +347,30 @@ class _BlockPoolV3:
             self.cuda.pack_blocks_cuda(enc.rows, enc.nbytes, blocks, offs, self.pool, g)
         if n:
             self.bound.dev.copy_(ends[-1:])
-        if self.sums is not None:
-            src = torch.where(enc.fits[:, None], enc.rows, blocks.reshape(n, -1).contiguous().view(torch.uint8).reshape(n, -1))
-            self.sums = torch.cat([self.sums, byte_sums(src, 0, lens)])
-            self.sum_offs = torch.cat([self.sum_offs, offs])
-        self.n_blocks += n
-        self.encoded_blocks += n
         self.counts[:3] += enc.modes
         self.counts[3] += (~enc.fits).sum()
-        self.bound.after_store(n * g.raw_bytes, self.counts[3], self.n_blocks)
-        return offs + torch.where(enc.fits, 0, ENTRY_RAW)
+        return offs, offs + torch.where(enc.fits, 0, ENTRY_RAW)
+
+    # -- CUDA-graph decode steps (gaac_hf.cache.graphs) --------------------------------------------
+    def graph_reserve(self, blocks: int) -> None:
+        """Room for ``blocks`` more blocks at their worst case (BF16 size) past the host bound, so that
+        the graph-mode stores of a decode horizon never grow (reallocate) the pool."""
+        if self.bound is None or self.sums is not None:
+            raise RuntimeError("CUDA-graph decode steps need a sync-free pool without checksums")
+        self._room_bound(blocks * self.geometry.raw_bytes)
+
+    def graph_store(self, enc: _EncodedV3, blocks: torch.Tensor) -> torch.Tensor:
+        """:meth:`store` of one decode step's blocks inside a captured graph: device work only, into
+        room :meth:`graph_reserve` made; the host accounts it later with :meth:`graph_stored`."""
+        lens = torch.where(enc.fits, enc.nbytes.to(torch.int64), self.geometry.raw_bytes)
+        return self._place(enc, blocks, lens)[1]
+
+    def graph_stored(self, n: int) -> None:
+        """Host bookkeeping of ``n`` blocks that a graph-mode step stored: block counts, and their
+        worst case added to the host bound (no snapshot is taken during graph replays)."""
+        self.n_blocks += n
+        self.encoded_blocks += n
+        self.bound.worst += n * self.geometry.raw_bytes
 
     # -- reading ---------------------------------------------------------------------------------
     def gather(self, entries: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
