@@ -202,6 +202,26 @@ def run_case(model, table, B, S, dev, args):
             pos.add_(1)
         return step
 
+    def time_graph_steps(tag, cache, seq_length=None):
+        # CUDA-graph replays of the step (gaac_hf.integrations.cuda_graphs): warmed until every kind of
+        # step the timed run meets is captured (GAAC: append and close, ~2 blocks of steps), then timed
+        from gaac_hf.integrations.cuda_graphs import DecodeGraphs
+
+        horizon = 2 * 64 + 8 + 4 * (args.steps + args.prof_steps)
+        runner = DecodeGraphs(model, cache, horizon, seq_length=seq_length, capture=dev.type == "cuda")
+        step = lambda: runner.step(nxt)  # noqa: E731
+        kinds = 2 if runner.gaac is not None else 1
+        with torch.no_grad():
+            for _ in range(2 * 64 + 4):
+                step()
+                if len(runner.graphs) == kinds or dev.type != "cuda":
+                    break
+            row[f"step_wall_us_{tag}"] = wall_us(step, args.steps)
+            row[f"step_gpu_us_{tag}"] = gpu_busy_us(step, args.prof_steps)
+        row[f"{tag}_replays"], row[f"{tag}_eager_steps"] = runner.replays, runner.eager_steps
+        row[f"{tag}_kinds_captured"] = sorted(runner.graphs)
+        runner.close()
+
     def time_steps(tag, cache, ctx):
         step = decode_fn(cache, ctx)
         for _ in range(3):
@@ -246,6 +266,22 @@ def run_case(model, table, B, S, dev, args):
             row[f"oom_{name}"] = str(e)[:200]
         cache = None
         torch.cuda.empty_cache() if dev.type == "cuda" else None
+    if args.graphs and not args.prefill_only:
+        # transformers' own StaticCache decode (a mask over the whole preallocated length, SDPA's backend
+        # choice) replayed from a graph: what generate(cache_implementation="static") + graphs runs. The
+        # in-place prefix rows above slice a host length each step, which a graph cannot replay.
+        try:
+            with inplace_static_sdpa():
+                cache = StaticCache(config=model.config, max_cache_len=S + 2 * 64 + 8 + 4 * extra)
+                with flash():
+                    prefill(cache)
+            time_graph_steps("static_stock_graph", cache, seq_length=S)
+        except torch.OutOfMemoryError as e:
+            row["oom_static_stock_graph"] = str(e)[:200]
+        except Exception as e:  # noqa: BLE001 - a baseline that cannot be captured is reported, the row goes on
+            row["error_static_stock_graph"] = f"{type(e).__name__}: {e}"[:300]
+        cache = None
+        torch.cuda.empty_cache() if dev.type == "cuda" else None
 
     # ---- GAAC (prefill under the same pinned SDPA backend as the BF16 prefill) ----
     gaac_hf.register()
@@ -272,6 +308,11 @@ def run_case(model, table, B, S, dev, args):
         row["bytes"]["kv_gaac"] = st["resident_bytes"]
         if not args.prefill_only:
             time_steps("gaac", cache, nullcontext)
+            if args.graphs:
+                try:
+                    time_graph_steps("gaac_graph", cache)
+                except Exception as e:  # noqa: BLE001 - recorded; the eager row stands
+                    row["error_gaac_graph"] = f"{type(e).__name__}: {e}"[:300]
         del cache
     finally:
         model.set_attn_implementation("sdpa")
@@ -284,6 +325,11 @@ def run_case(model, table, B, S, dev, args):
         if f"step_gpu_us_{base}" in row:  # absent: that BF16 cache ran out of memory (oom_*)
             row[f"speedup_wall_vs_{base}"] = row[f"step_wall_us_{base}"] / row["step_wall_us_gaac"]
             row[f"speedup_gpu_vs_{base}"] = row[f"step_gpu_us_{base}"] / row["step_gpu_us_gaac"]
+    if "step_wall_us_gaac_graph" in row:
+        row["gaac_graph_wall_over_gpu"] = row["step_wall_us_gaac_graph"] / row["step_gpu_us_gaac_graph"]
+        for base in ("static_stock_graph", "static_cudnn", "static_fa2"):
+            if f"step_wall_us_{base}" in row:
+                row[f"speedup_graph_wall_vs_{base}"] = row[f"step_wall_us_{base}"] / row["step_wall_us_gaac_graph"]
     return row
 
 
@@ -303,6 +349,8 @@ def main(argv=None):
                    help="GAACCache(fused=...) for the GAAC rows (e2e_h200_auto.json ran with auto)")
     p.add_argument("--format-version", type=int, default=None, choices=(2, 3),
                    help="GAACCache(format_version=...); default: the cache's own choice (v3 on Hopper with the cuda extra)")
+    p.add_argument("--graphs", action="store_true",
+                   help="also time CUDA-graph replays of the decode step (GAAC graph mode; stock StaticCache)")
     p.add_argument("--tiny", action="store_true", help="2-layer model on the CPU: checks the script, measures nothing")
     args = p.parse_args(argv)
     args.fused = {"true": True, "false": False, "auto": "auto"}[args.fused]

@@ -118,6 +118,9 @@ class GAACLayer(_BlockedLayer):
         self._reset_state()
 
     def _reset_state(self) -> None:
+        # graph mode (gaac_hf.cache.graphs.DecodeGraphState): decode steps through device-side counts
+        # while its runner runs one; a reset detaches it (the runner sees that and reserves anew)
+        self._graph = None
         self._deferred.drop(self)  # a parked append of this layer is void
         self.is_initialized = False
         self._pools: list[_BlockPool] | None = None
@@ -232,6 +235,8 @@ class GAACLayer(_BlockedLayer):
             self.lazy_initialization(key_states, value_states)
         if key_states.dtype != torch.bfloat16 or value_states.dtype != torch.bfloat16:
             raise ValueError(f"GAACCache stores bfloat16 KV, got {key_states.dtype}/{value_states.dtype}")
+        if self._graph is not None and self._graph.running:
+            return self._graph.append(self, key_states, value_states)
         b, h, q, _ = key_states.shape
         tails = self.tails
         if b != tails[_K].shape[0]:
@@ -453,8 +458,11 @@ class GAACLayer(_BlockedLayer):
         ``num_blocks`` are ignored by the kernel), full tail buffers bf16 ``[B, H, T, D]``, bases
         uint8 ``[H, D]`` and ``num_blocks`` / ``tail_len`` as int32 ``[B]`` device tensors (read-only:
         shared with the other layers of the cache that have the same counts, see :class:`_CountsMemo`).
-        ``kv_start``: int32 ``[B]`` left-padding offsets of this step, if any.
+        ``kv_start``: int32 ``[B]`` left-padding offsets of this step, if any. In a graph-mode step the
+        counts are the graph state's device tensors (:mod:`gaac_hf.cache.graphs`).
         """
+        if self._graph is not None and self._graph.running:
+            return self._graph.paged_kv(self, kv_start)
         self._deferred.flush()
         self._tail_room(self.geometry.block_size)  # the kernels read T-token tails (always so on CUDA)
         pk, pv = self._pools

@@ -40,6 +40,9 @@ from ..kernels.paged import PagedTensorV3
 GUARD = PagedTensorV3.GUARD_BYTES
 #: CPU pools grow in pages of at least this many bytes (and at least one decode step's worst case)
 CPU_PAGE_BYTES = 16 << 10
+#: CPU pools place blocks at device offsets too (``sync_free``) when True: graph-mode decode steps
+#: (gaac_hf.cache.graphs) need that; tests set it to run those steps on the CPU
+CPU_SYNC_FREE = False
 
 
 def default_format(device: torch.device, head_dim: int | None = None, group: int | None = None) -> int:
@@ -173,7 +176,7 @@ class _BlockPoolV3:
         # no host sync per store where the codec can place blocks at device offsets (module docstring);
         # on the CPU (exact sizes are free there) only when asked, which tests do
         if sync_free is None:
-            sync_free = self.cuda is not None
+            sync_free = self.cuda is not None or (CPU_SYNC_FREE and self.native)
         if sync_free and not (self.native or self.cuda is not None):
             raise ValueError("sync_free needs the CPU library or the CUDA codec (a pack at device offsets)")
         self.bound = _UsedBound(self.device, snapshot_lag) if sync_free else None
