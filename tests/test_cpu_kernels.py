@@ -313,7 +313,7 @@ def test_encode_kv_and_pack_kv_are_encode_and_store(head_dim, strided):
 KV_MUTATIONS = [
     ("gaac_cpu.cpp", "off | (nbytes[it] > cap ? ENTRY_RAW_BIT : 0)", "off"),  # BF16 blocks lose their entry flag
     ("gaac_cpu.cpp", "x0 + r * sr, 2 * (size_t)D)", "x0 + r * D, 2 * (size_t)D)"),  # BF16 fallback ignores strides
-    ("host_block.h", "  std::memset(&buf[ro + 4 * n_raw], 0, len - (ro + 4 * n_raw));\n", ""),  # stale padding
+    ("host_block.h", "  std::memset(&buf[ro + g.raw_word * n_raw], 0, len - (ro + g.raw_word * n_raw));\n", ""),  # stale padding
     ("host_block.h", "st32(&buf[g.segtab_off + 4 * s], (uint32_t)n_ent", "st32(&buf[g.segtab_off + 4 * s], 0u * n_ent"),
     # the segment walk of encode_segment (lanes encoded together): a run of lanes that ignores where in
     # its row group a segment starts (head_dim 80: 10 columns, segments start mid row group), swapped

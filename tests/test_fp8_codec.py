@@ -11,23 +11,12 @@ import torch
 
 import gaac_hf.codec.fp8 as F
 from gaac_hf.codec.fp8 import (
-    decode_blocks_fp8, decode_pool_fp8, encode_blocks_fp8, fp8_scale, quantize_fp8, split_fp8,
+    decode_blocks_fp8, decode_pool_fp8, encode_blocks_fp8, fp8_scale, quantize_fp8,
 )
 from gaac_hf.codec.v3 import FIELDS, pack_blocks
 from gaac_hf.format.fp8 import GeometryFP8
 from gaac_hf.format.v3 import GeometryV3, SEGMENT_CHUNKS
-
-DTYPES = ["fp8_e4m3", "fp8_e5m2"]
-SPECIALS = {  # NaN / Inf / zero / subnormal / max-finite codes of each format
-    "fp8_e4m3": [0x7F, 0xFF, 0x00, 0x80, 0x01, 0x81, 0x07, 0x87, 0x08, 0x7E, 0xFE],
-    "fp8_e5m2": [0x7C, 0xFC, 0x7D, 0x7E, 0x7F, 0xFD, 0xFE, 0xFF, 0x00, 0x80, 0x01, 0x83, 0x7B, 0xFB, 0x04],
-}
-
-
-def same_codes(a: torch.Tensor, b: torch.Tensor) -> None:
-    assert a.dtype == b.dtype == torch.uint8 and a.shape == b.shape, (a.dtype, b.dtype, a.shape, b.shape)
-    diff = a != b
-    assert not bool(diff.any()), f"{int(diff.sum())} codes changed, first at {diff.nonzero()[0].tolist()}"
+from tests.fp8_cases import DTYPES, adversarial_blocks, every_code_blocks, same_codes, special_blocks
 
 
 def roundtrip(x, bn, bw, g):
@@ -40,27 +29,6 @@ def roundtrip(x, bn, bw, g):
     pool, entries = pack_blocks(enc, x)
     same_codes(decode_pool_fp8(pool, entries, bn, bw, g), x)
     return enc
-
-
-def every_code_blocks(g: GeometryFP8):
-    """(x, base_n, base_w): column c holds all 256 codes rotated by c (block b, row r: code 64b + r + c), so
-    every code meets every channel; 'near' bases follow each channel's first exponent in the block with
-    per-block offsets (all modes occur), then the same codes with step 37 per column and random bases."""
-    d, t = g.head_dim, g.block_size
-    gen = torch.Generator().manual_seed(d)
-    for step in (1, 37):
-        r = torch.arange(256).unsqueeze(1)  # 256 / T blocks
-        x = ((r + torch.arange(d)[None] * step) % 256).to(torch.uint8).reshape(-1, t, d)
-        n = x.shape[0]
-        if step == 1:
-            e0 = split_fp8(x[:, 0], g)[0]  # [N, D] exponent of each channel's first code in the block
-            blk = torch.arange(n)[:, None]
-            bn = (e0 - blk % 2).clamp(0, g.max_base_narrow).to(torch.uint8)
-            bw = (e0 - 2 * (blk % 3)).clamp(0, g.max_base_wide).to(torch.uint8)
-        else:
-            bn = torch.randint(0, g.max_base_narrow + 1, (d,), generator=gen, dtype=torch.uint8)
-            bw = torch.randint(0, g.max_base_wide + 1, (d,), generator=gen, dtype=torch.uint8)
-        yield x, bn, bw
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -81,15 +49,7 @@ def test_special_codes_and_float8_views(dtype):
     """NaN / Inf encodings of each format (dense and sparse) decode to their own bytes; the float8 view
     of the decoded block has NaNs and Infs exactly where the input had them."""
     g = GeometryFP8(64, 64, dtype)
-    gen = torch.Generator().manual_seed(5)
-    sp = torch.tensor(SPECIALS[dtype], dtype=torch.uint8)
-    dense = sp[torch.randint(0, sp.numel(), (64 * 64,), generator=gen)].reshape(1, 64, 64)
-    sparse = torch.full((64 * 64,), 0x38 if dtype == "fp8_e4m3" else 0x3C, dtype=torch.uint8)  # 1.0
-    pos = torch.randperm(64 * 64, generator=gen)[:40]
-    sparse[pos] = sp[torch.arange(40) % sp.numel()]
-    x = torch.cat([dense, sparse.reshape(1, 64, 64)])
-    e1 = split_fp8(torch.tensor([sparse[0]]), g)[0]
-    bn, bw = (e1 - 2).to(torch.uint8).expand(64).contiguous(), torch.zeros(64, dtype=torch.uint8)
+    x, bn, bw = special_blocks(g)
     enc = roundtrip(x, bn, bw, g)
     assert bool(enc.fits[1]) and int((enc.modes[1] > 0).sum()) > 0  # the sparse block stays compressed
     pool, entries = pack_blocks(enc, x)
@@ -105,35 +65,7 @@ def test_adversarial_blocks(dtype, head_dim):
     """Random bytes (too many wide groups: stored raw), KV-like codes at extreme windows, every
     (row, channel-group) mode mix, one wide group at the last chunk of each segment."""
     g = GeometryFP8(64, head_dim, dtype)
-    t, d, E = 64, head_dim, g.exp_bits
-    gen = torch.Generator().manual_seed(head_dim)
-    blocks, bns, bws = [], [], []
-
-    def add(codes, bn, bw):
-        blocks.append(codes.to(torch.uint8).reshape(t, d))
-        bns.append(torch.as_tensor(bn).to(torch.uint8).expand(d))
-        bws.append(torch.as_tensor(bw).to(torch.uint8).expand(d))
-
-    rnd = lambda hi: torch.randint(0, hi + 1, (d,), generator=gen)  # noqa: E731
-    add(torch.randint(0, 256, (t * d,), generator=gen), rnd(g.max_base_narrow), rnd(g.max_base_wide))
-    kv = quantize_fp8(torch.randn(t, d, generator=gen) * 3, 0.01, dtype)
-    for b_n, b_w in ((0, 0), (g.max_base_narrow, g.max_base_wide), (g.max_base_narrow, 0), (0, g.max_base_wide)):
-        add(kv, torch.tensor(b_n), torch.tensor(b_w))
-    rows = torch.arange(t)[:, None].expand(t, d)
-    cols = torch.arange(d)[None, :].expand(t, d) // 8
-    mode = ((rows * 7 + cols * 3) // 2) % (3 if g.has_raw else 2)
-    sm = torch.randint(0, 256, (t, d), generator=gen) & ~(((1 << E) - 1) << g.man_bits)  # sign + mantissa bits
-    base_n, base_w = 4, (min(4, g.max_base_wide))
-    e = torch.where(mode == 0, base_n + torch.randint(0, 8, (t, d), generator=gen),
-                    torch.where(mode == 1, base_w + torch.randint(0, 16, (t, d), generator=gen),
-                                torch.randint(0, 1 << E, (t, d), generator=gen)))
-    first = (torch.arange(t * d) % d) == 0
-    e.view(-1)[first & (mode.view(-1) == 1)] = base_n + 9  # a wide group has a value outside the narrow window
-    add(sm | (e << g.man_bits), torch.tensor(base_n), torch.tensor(base_w))
-    e1 = torch.full((t, d), base_n + 2)
-    e1[3::4, 7::8] = base_n + 10  # one wide group per chunk column at the last row of each chunk
-    add(sm | (e1 << g.man_bits), torch.tensor(base_n), torch.tensor(base_w))
-    x, bn, bw = torch.stack(blocks), torch.stack(bns), torch.stack(bws)
+    x, bn, bw = adversarial_blocks(g, seed=head_dim)
     enc = roundtrip(x, bn, bw, g)
     assert not bool(enc.fits[0]) and bool(enc.fits[-1])
     assert (int((enc.modes == 2).sum()) > 0) == g.has_raw

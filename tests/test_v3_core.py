@@ -13,23 +13,10 @@ import torch
 
 from gaac_hf.codec.v3 import decode_pool_v3, encode_blocks_v3, pack_blocks
 from gaac_hf.format.v3 import GeometryV3
+from tests.host_core import CORE_DIR, build
 from tests.v3_cases import adversarial_blocks, every_pattern_blocks, same_bits
 
-CORE_DIR = Path(__file__).resolve().parents[1] / "kernels" / "cuda" / "gaac_v3"
-
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
-
-
-def build(dest: Path, core_text: str | None = None) -> Path:
-    src = dest / "src"
-    src.mkdir(parents=True, exist_ok=True)
-    for f in ("core.cuh", "host_block.h", "host_driver.cpp"):
-        shutil.copy(CORE_DIR / f, src / f)
-    if core_text is not None:
-        (src / "core.cuh").write_text(core_text)
-    exe = dest / "host_driver"
-    subprocess.run(["g++", "-O2", "-std=c++17", "-o", str(exe), str(src / "host_driver.cpp")], check=True, capture_output=True)
-    return exe
 
 
 @pytest.fixture(scope="session")
@@ -128,7 +115,7 @@ def test_mutated_core_fails(tmp_path, old, new):
     """Each single-token change of the core's bit logic is caught by the every-pattern comparison."""
     text = (CORE_DIR / "core.cuh").read_text()
     assert text.count(old) == 1
-    exe = build(tmp_path / "mut", text.replace(old, new))
+    exe = build(tmp_path / "mut", {"core.cuh": text.replace(old, new)})
     g = GeometryV3(64, 64)
     x, b8, b16 = next(iter(every_pattern_blocks(g)))
     enc = encode_blocks_v3(x, b8, b16, g)

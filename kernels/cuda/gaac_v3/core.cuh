@@ -83,19 +83,24 @@ constexpr uint32_t EXP_BITS = 0x7F807F80u;   // bits taken from the exponent wor
 constexpr int SPLIT_PAIR = 15;
 constexpr long long ENTRY_RAW_BIT = 1;  // block-table entry: byte offset (16-byte multiple) | 1 if stored as BF16
 
-// Block geometry: T tokens x D channels; every offset in bytes from the block start.
+// Block geometry: T tokens x D channels; every offset in bytes from the block start. sm_bits: bits
+// per value of the sign/mantissa plane (BF16 8; FP8 tiles 1 + M, core_fp8.cuh), raw_word: bytes per
+// raw group (BF16 a u32; FP8 a u8, unaligned).
 struct Geom {
   int T, D, cols, chunks, segs;
   int code_off, segtab_off, entry_off;
+  int sm_bits, raw_word;
 };
-GAAC_HD constexpr Geom make_geom(int T, int D) {
+GAAC_HD constexpr Geom make_geom(int T, int D, int sm_bits = 8, int raw_word = 4) {
   Geom g{};
   g.T = T;
   g.D = D;
   g.cols = D / GROUP;
   g.chunks = (T / CHUNK_ROWS) * g.cols;
   g.segs = (g.chunks + SEG_CHUNKS - 1) / SEG_CHUNKS;
-  g.code_off = T * D;
+  g.sm_bits = sm_bits;
+  g.raw_word = raw_word;
+  g.code_off = 4 * sm_bits * g.chunks;  // a chunk's 32 values of sm_bits bits (BF16: T * D)
   g.segtab_off = g.code_off + 4 * CODE_WORDS * g.chunks;
   g.entry_off = g.segtab_off + 4 * (g.segs + 1);
   return g;
@@ -108,9 +113,11 @@ GAAC_HD constexpr int seg_chunks(const Geom& g, int s) {
 GAAC_HD constexpr int code_word_off(const Geom& g, int s, int lane, int k) {
   return g.code_off + 4 * (CODE_WORDS * SEG_CHUNKS * s + k * seg_chunks(g, s) + lane);
 }
-GAAC_HD constexpr int raw_off(const Geom& g, int n_entries) { return (g.entry_off + 2 * n_entries + 3) & ~3; }
+GAAC_HD constexpr int raw_off(const Geom& g, int n_entries) {
+  return (g.entry_off + 2 * n_entries + g.raw_word - 1) & ~(g.raw_word - 1);
+}
 GAAC_HD constexpr int block_bytes(const Geom& g, int n_entries, int n_raw) {
-  return (raw_off(g, n_entries) + 4 * n_raw + ALIGN - 1) & ~(ALIGN - 1);
+  return (raw_off(g, n_entries) + g.raw_word * n_raw + ALIGN - 1) & ~(ALIGN - 1);
 }
 // output position of chunk c: first row and first channel
 GAAC_HD constexpr int chunk_row0(const Geom& g, int c) { return CHUNK_ROWS * (c / g.cols); }
@@ -156,13 +163,26 @@ GAAC_HD uint32_t pair_field(uint32_t w0, uint32_t w1, uint32_t w2, int q) {
   return sh <= 7 ? f * (1u << (7 - sh)) : f >> (sh - 7);
 }
 
+// Pair q of a chunk from x (its sign and mantissa bits at SIGN_MANT, anything elsewhere), the chunk's
+// code words w0..w2 and the pair's base8 constant: (x & 0x807F807F) | base8 pair (one LOP3), then +
+// the code field (LEA / IMAD): base8 + code stays inside bits 7-14 / 23-30 (BF16: base8 <= 248; FP8:
+// base_n <= 2^E - 8), so the sum equals bitsel(SIGN_MANT, x, base8 + code).
+GAAC_HD uint32_t assemble_pair(uint32_t x, uint32_t w0, uint32_t w1, uint32_t w2, uint32_t b8p, int q) {
+  return bitsel(SIGN_MANT, x, b8p) + pair_field(w0, w1, w2, q);
+}
+
 // Pair p of row r of a chunk: smw = the sm word holding its two sign/mantissa bytes (word p / 2 of
 // the row), w0..w2 = the chunk's code words, b8p = the pair's base8 constant.
 GAAC_HD uint32_t decode_pair(uint32_t smw, uint32_t w0, uint32_t w1, uint32_t w2, uint32_t b8p, int r, int p) {
   const uint32_t x = prmt(smw, 0, (p & 1) ? 0x3322u : 0x1100u);  // bytes b,b,b',b' -> 2 lanes
-  // (x & 0x807F807F) | base8 pair (one LOP3), then + the code field (LEA / IMAD): base8 <= 248 and
-  // code <= 7, so the sum stays inside bits 7-14 / 23-30 and equals bitsel(SIGN_MANT, x, base8 + code)
-  return bitsel(SIGN_MANT, x, b8p) + pair_field(w0, w1, w2, 4 * r + p);
+  return assemble_pair(x, w0, w1, w2, b8p, 4 * r + p);
+}
+
+// Bytes of two pair words a, b (4 values): byte i = bit 15 of lane i (the sign) | the low 7 bits of
+// lane i shifted right by sh. BF16 sh = 0 (the encoder's sign/mantissa bytes); FP8 sh = 7 - M (the
+// value's byte: its mantissa sits at bits 7-M..6 of the lane, its exponent at bits 7..).
+GAAC_HD uint32_t lane_bytes(uint32_t a, uint32_t b, int sh) {
+  return bitsel(0x80808080u, prmt(a, b, 0x7531u), prmt(a >> sh, b >> sh, 0x6420u));
 }
 
 // One row r of a chunk: sm2 = its 8 sign/mantissa bytes as 2 words, w = the chunk's 3 code words;
@@ -201,12 +221,14 @@ GAAC_HD bool entry_raw(uint32_t entry) { return (entry >> 7) & 1; }
 // ------------------------------------------------------------------------------------------------
 // encoder core: one chunk (4 rows x 8 channels)
 // ------------------------------------------------------------------------------------------------
-struct ChunkCode {
-  uint32_t sm[8];      // sign/mantissa bytes, as decode_chunk reads them
+struct ExpCode {
   uint32_t w[3];       // code words
   uint32_t entry[4];   // per row: u16 entry without pos (raw << 7 | h << 8), valid if wide
-  uint32_t rword[4];   // per row: raw word (valid if raw)
+  uint32_t rword[4];   // per row: raw word (valid if raw): nibble p = bits 4-7 of channel 2p's code, 4+p of 2p+1's
   uint32_t wide, raw;  // bit r set: row r is wide / raw
+};
+struct ChunkCode : ExpCode {
+  uint32_t sm[8];  // sign/mantissa bytes, as decode_chunk reads them
 };
 
 // x[4r + p] = BF16 pair (channels 2p, 2p+1 of row r); b8w / b16w: the 8 channel bases as 2 words
@@ -215,7 +237,9 @@ struct ChunkCode {
 // fits the 8-window iff D8 is in [504, 512), i.e. iff bits 3-8 of D8 are all ones (one LOP3 for the
 // pair, ~D & 0x01F801F8), and the 16-window iff bits 4-8 of D16 are; the coded bits follow from the same
 // words: lo3 = D & 7, bit 3 of the wide code = bit 3 of D16, bits 4-7 = bits 4-7 of D16 + 16.
-GAAC_HD void encode_chunk(const uint32_t x[16], const uint32_t b8w[2], const uint32_t b16w[2], ChunkCode& cc) {
+// encode_exponents: the exponent half, shared by FP8 tiles (core_fp8.cuh): ex[4r + p] = the pair's
+// exponents in bits 0-7 / 16-23 (other bits zero).
+GAAC_HD void encode_exponents(const uint32_t ex[16], const uint32_t b8w[2], const uint32_t b16w[2], ExpCode& cc) {
   uint32_t k8[4], k16[4];
   GAAC_UNROLL
   for (int p = 0; p < 4; ++p) {
@@ -227,14 +251,10 @@ GAAC_HD void encode_chunk(const uint32_t x[16], const uint32_t b8w[2], const uin
   cc.wide = cc.raw = 0;
   GAAC_UNROLL
   for (int r = 0; r < 4; ++r) {
-    const uint32_t* xr = x + 4 * r;
-    // sign/mantissa bytes: low and high bytes of 4 values gathered, then one bit select
-    cc.sm[2 * r] = bitsel(0x80808080u, prmt(xr[0], xr[1], 0x7531u), prmt(xr[0], xr[1], 0x6420u));
-    cc.sm[2 * r + 1] = bitsel(0x80808080u, prmt(xr[2], xr[3], 0x7531u), prmt(xr[2], xr[3], 0x6420u));
     uint32_t d8[4], d16[4], bad8 = 0, bad16 = 0;
     GAAC_UNROLL
     for (int p = 0; p < 4; ++p) {
-      const uint32_t e = (xr[p] >> 7) & 0x00FF00FFu;
+      const uint32_t e = ex[4 * r + p];
       d8[p] = e + k8[p];
       d16[p] = e + k16[p];
       bad8 |= ~d8[p] & 0x01F801F8u;
@@ -262,6 +282,16 @@ GAAC_HD void encode_chunk(const uint32_t x[16], const uint32_t b8w[2], const uin
     cc.wide |= (uint32_t)(!fit3) << r;
     cc.raw |= (uint32_t)raw << r;
   }
+}
+
+// BF16: sign/mantissa bytes (low and high bytes of 4 values gathered, then one bit select), exponents.
+GAAC_HD void encode_chunk(const uint32_t x[16], const uint32_t b8w[2], const uint32_t b16w[2], ChunkCode& cc) {
+  uint32_t ex[16];
+  GAAC_UNROLL
+  for (int q = 0; q < 16; ++q) ex[q] = (x[q] >> 7) & 0x00FF00FFu;
+  GAAC_UNROLL
+  for (int i = 0; i < 8; ++i) cc.sm[i] = lane_bytes(x[2 * i], x[2 * i + 1], 0);
+  encode_exponents(ex, b8w, b16w, cc);
 }
 
 }  // namespace gaac_v3

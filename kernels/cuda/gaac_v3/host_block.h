@@ -49,6 +49,26 @@ inline int check_block(const Geom& g, const uint8_t* blk, long long avail) {
   return 0;
 }
 
+// The fix-up walk of segment s: fix(c, r, entry, raw) for each listed group (chunk c, row r) in entry
+// order, raw = its raw word (g.raw_word bytes, little-endian; 0 unless the entry is raw). Raw words
+// in entry order from the segment's start, as a warp finds them (one lane per entry).
+template <class Fix>
+inline void for_each_entry(const Geom& g, const uint8_t* blk, int s, int n_ent_total, Fix fix) {
+  const uint32_t s0 = ld32(blk + g.segtab_off + 4 * s), s1 = ld32(blk + g.segtab_off + 4 * (s + 1));
+  const int e0 = s0 & 0xFFFF, n = (int)(s1 & 0xFFFF) - e0;
+  int raw_idx = s0 >> 16;
+  for (int i = 0; i < n; ++i) {
+    const uint32_t entry = blk[g.entry_off + 2 * (e0 + i)] | (blk[g.entry_off + 2 * (e0 + i) + 1] << 8);
+    const int pos = entry_pos(entry);
+    uint32_t rw = 0;
+    if (entry_raw(entry)) {
+      const uint8_t* p = blk + raw_off(g, n_ent_total) + g.raw_word * raw_idx++;
+      for (int b = 0; b < g.raw_word; ++b) rw |= (uint32_t)p[b] << (8 * b);
+    }
+    fix(SEG_CHUNKS * s + pos / CHUNK_ROWS, pos % CHUNK_ROWS, entry, rw);
+  }
+}
+
 // Decode one compressed block into BF16 pair words out[row * out_row_words + pair] (row-major
 // [T, D] when out_row_words = D/2). b8p / dbp: the head's pair constants (head_consts).
 inline void decode_block(const Geom& g, const uint8_t* blk, const uint32_t* b8p, const uint32_t* dbp, uint32_t* out,
@@ -80,17 +100,10 @@ inline void decode_block(const Geom& g, const uint8_t* blk, const uint32_t* b8p,
       for (int r = 0; r < 4; ++r)
         for (int p = 0; p < 4; ++p) out[(row0 + r) * out_row_words + 4 * col + p] = ov[4 * r + p][lane];
     }
-    // the fix-up: one lane per entry of the segment; raw words in entry order from the segment's start
-    const uint32_t s0 = ld32(blk + g.segtab_off + 4 * s), s1 = ld32(blk + g.segtab_off + 4 * (s + 1));
-    const int e0 = s0 & 0xFFFF, n = (int)(s1 & 0xFFFF) - e0;
-    int raw_idx = s0 >> 16;
-    for (int i = 0; i < n; ++i) {
-      const uint32_t entry = blk[g.entry_off + 2 * (e0 + i)] | (blk[g.entry_off + 2 * (e0 + i) + 1] << 8);
-      const int pos = entry_pos(entry), c = SEG_CHUNKS * s + pos / 4, r = pos % 4;
-      const uint32_t rw = entry_raw(entry) ? ld32(blk + raw_off(g, n_ent_total) + 4 * raw_idx++) : 0;
+    for_each_entry(g, blk, s, n_ent_total, [&](int c, int r, uint32_t entry, uint32_t rw) {
       const int col = chunk_col(g, c), row = chunk_row0(g, c) + r;
       fix_group(out + row * out_row_words + 4 * col, dbp + 4 * col, entry, rw);
-    }
+    });
   }
 }
 
@@ -100,11 +113,26 @@ struct EncodeScratch {
   std::vector<uint32_t> raws;
 };
 
-// encode_chunk's outputs for the SEG_CHUNKS lanes of a segment, field by field (structure of arrays).
-struct SegmentCode {
-  uint32_t sm[8][SEG_CHUNKS], w[CODE_WORDS][SEG_CHUNKS], entry[4][SEG_CHUNKS], rword[4][SEG_CHUNKS];
+// The exponent half of encode_chunk's outputs (ExpCode) for the SEG_CHUNKS lanes of a segment, field by
+// field (structure of arrays); SegmentCode adds the BF16 sign/mantissa words.
+struct SegmentExpCode {
+  uint32_t w[CODE_WORDS][SEG_CHUNKS], entry[4][SEG_CHUNKS], rword[4][SEG_CHUNKS];
   uint32_t wide[SEG_CHUNKS], raw[SEG_CHUNKS];
 };
+struct SegmentCode : SegmentExpCode {
+  uint32_t sm[8][SEG_CHUNKS];
+};
+
+// Lane `lane` of out = the chunk code cc.
+inline void put_lane(SegmentExpCode& out, int lane, const ExpCode& cc) {
+  for (int k = 0; k < CODE_WORDS; ++k) out.w[k][lane] = cc.w[k];
+  for (int r = 0; r < 4; ++r) {
+    out.entry[r][lane] = cc.entry[r];
+    out.rword[r][lane] = cc.rword[r];
+  }
+  out.wide[lane] = cc.wide;
+  out.raw[lane] = cc.raw;
+}
 
 // encode_chunk on every lane of a segment: xv[4r + p][lane] = pair p of row r of the lane's chunk,
 // bw[0..1][lane] / bw[2..3][lane] = its base8 / base16 words. flatten inlines encode_chunk here (and
@@ -125,27 +153,20 @@ GAAC_FLATTEN inline void encode_segment(const uint32_t (&xv)[16][SEG_CHUNKS], co
     ChunkCode cc;
     encode_chunk(x, b8w, b16w, cc);
     for (int i = 0; i < 8; ++i) out.sm[i][lane] = cc.sm[i];
-    for (int k = 0; k < CODE_WORDS; ++k) out.w[k][lane] = cc.w[k];
-    for (int r = 0; r < 4; ++r) {
-      out.entry[r][lane] = cc.entry[r];
-      out.rword[r][lane] = cc.rword[r];
-    }
-    out.wide[lane] = cc.wide;
-    out.raw[lane] = cc.raw;
+    put_lane(out, lane, cc);
   }
 }
 
-// Encode one block whose row r (D/2 BF16 pair words) is at row_words(r), with the head's uint8 bases,
-// into out: its first min(length, cap) bytes (nothing after them is written). Returns the block's
-// stored length (may exceed cap: then the caller stores the block as BF16); n_ent / n_raw: its wide
-// and raw group counts (the totals of its segment table). The rows come through a callable so that a
-// strided [B, H, S, D] tensor needs no copy.
-// The walk: per segment, the lanes' inputs are gathered into structure-of-arrays form, encode_segment
-// runs encode_chunk on all of them, and the outputs go to their places in chunk order (entries and raw
-// words in (chunk, row) order, as a warp's prefix sums place them).
-template <class RowWords>
-inline int encode_block_rows(const Geom& g, RowWords row_words, const uint8_t* b8, const uint8_t* b16, EncodeScratch& sc,
-                             uint8_t* out, int cap, int* n_ent_out, int* n_raw_out) {
+// Encode one block segment by segment into out: its first min(length, cap) bytes (nothing after them
+// is written). segment(s, m, buf) encodes the m chunks of segment s (lane = chunk of the segment),
+// writes their sign/mantissa bytes into the block buf and returns their codes (a SegmentExpCode, raw
+// words of g.raw_word bytes); the code words, entries, raw words, segment table and padding are
+// written here, in chunk order (entries and raw words in (chunk, row) order, as a warp's prefix sums
+// place them). Returns the block's stored length (may exceed cap: then the caller stores the block
+// uncompressed); n_ent / n_raw: its wide and raw group counts (the totals of its segment table).
+template <class Segment>
+inline int encode_listing(const Geom& g, Segment segment, EncodeScratch& sc, uint8_t* out, int cap, int* n_ent_out,
+                          int* n_raw_out) {
   // room for any block before truncation to cap; every byte of a block is written below (the code
   // words and sm bytes whole, the padding after the entries and after the raw words explicitly)
   const size_t room = 2 * (size_t)cap + 64 * g.chunks;
@@ -156,6 +177,43 @@ inline int encode_block_rows(const Geom& g, RowWords row_words, const uint8_t* b
   for (int s = 0; s < g.segs; ++s) {
     const int m = seg_chunks(g, s);
     st32(&buf[g.segtab_off + 4 * s], (uint32_t)n_ent | ((uint32_t)sc.raws.size() << 16));
+    const SegmentExpCode& cc = segment(s, m, buf);
+    for (int k = 0; k < CODE_WORDS; ++k) std::memcpy(&buf[code_word_off(g, s, 0, k)], cc.w[k], 4 * m);  // [k][lane]
+    for (int lane = 0; lane < m; ++lane) {
+      if (!cc.wide[lane]) continue;
+      for (int r = 0; r < 4; ++r) {
+        if ((cc.wide[lane] >> r) & 1) {  // entries go straight to their place: segments are walked in order
+          const uint32_t e = cc.entry[r][lane] | (uint32_t)(4 * lane + r);
+          buf[g.entry_off + 2 * n_ent] = e & 0xFF;
+          buf[g.entry_off + 2 * n_ent + 1] = (e >> 8) & 0xFF;
+          ++n_ent;
+        }
+        if ((cc.raw[lane] >> r) & 1) sc.raws.push_back(cc.rword[r][lane]);
+      }
+    }
+  }
+  const int n_raw = (int)sc.raws.size();
+  st32(&buf[g.segtab_off + 4 * g.segs], (uint32_t)n_ent | ((uint32_t)n_raw << 16));
+  const int ro = raw_off(g, n_ent), len = block_bytes(g, n_ent, n_raw);
+  std::memset(&buf[g.entry_off + 2 * n_ent], 0, ro - (g.entry_off + 2 * n_ent));
+  for (int i = 0; i < n_raw; ++i)
+    for (int b = 0; b < g.raw_word; ++b) buf[ro + g.raw_word * i + b] = (sc.raws[i] >> (8 * b)) & 0xFF;
+  std::memset(&buf[ro + g.raw_word * n_raw], 0, len - (ro + g.raw_word * n_raw));
+  std::memcpy(out, buf, len < cap ? len : cap);
+  *n_ent_out = n_ent;
+  *n_raw_out = n_raw;
+  return len;
+}
+
+// Encode one block whose row r (D/2 BF16 pair words) is at row_words(r), with the head's uint8 bases
+// (encode_listing). The rows come through a callable so that a strided [B, H, S, D] tensor needs no copy.
+// Per segment, the lanes' inputs are gathered into structure-of-arrays form and encode_segment runs
+// encode_chunk on all of them.
+template <class RowWords>
+inline int encode_block_rows(const Geom& g, RowWords row_words, const uint8_t* b8, const uint8_t* b16, EncodeScratch& sc,
+                             uint8_t* out, int cap, int* n_ent_out, int* n_raw_out) {
+  alignas(64) SegmentCode cc;
+  auto segment = [&](int s, int m, uint8_t* buf) -> const SegmentExpCode& {
     // the lanes' inputs, lane = chunk of the segment (as decode_block reads them)
     alignas(64) uint32_t xv[16][SEG_CHUNKS], bw[4][SEG_CHUNKS];
     for (int lane = 0; lane < m;) {  // runs of lanes in one row group: consecutive columns of 4 rows
@@ -178,34 +236,12 @@ inline int encode_block_rows(const Geom& g, RowWords row_words, const uint8_t* b
       for (int j = 0; j < 16; ++j) xv[j][lane] = 0;
       for (int j = 0; j < 4; ++j) bw[j][lane] = 0;
     }
-    alignas(64) SegmentCode cc;
     encode_segment(xv, bw, cc);
     for (int lane = 0; lane < m; ++lane)
       for (int i = 0; i < 8; ++i) st32(&buf[32 * (SEG_CHUNKS * s + lane) + 4 * i], cc.sm[i][lane]);
-    for (int k = 0; k < CODE_WORDS; ++k) std::memcpy(&buf[code_word_off(g, s, 0, k)], cc.w[k], 4 * m);  // [k][lane]
-    for (int lane = 0; lane < m; ++lane) {
-      if (!cc.wide[lane]) continue;
-      for (int r = 0; r < 4; ++r) {
-        if ((cc.wide[lane] >> r) & 1) {  // entries go straight to their place: segments are walked in order
-          const uint32_t e = cc.entry[r][lane] | (uint32_t)(4 * lane + r);
-          buf[g.entry_off + 2 * n_ent] = e & 0xFF;
-          buf[g.entry_off + 2 * n_ent + 1] = (e >> 8) & 0xFF;
-          ++n_ent;
-        }
-        if ((cc.raw[lane] >> r) & 1) sc.raws.push_back(cc.rword[r][lane]);
-      }
-    }
-  }
-  const int n_raw = (int)sc.raws.size();
-  st32(&buf[g.segtab_off + 4 * g.segs], (uint32_t)n_ent | ((uint32_t)n_raw << 16));
-  const int ro = raw_off(g, n_ent), len = block_bytes(g, n_ent, n_raw);
-  std::memset(&buf[g.entry_off + 2 * n_ent], 0, ro - (g.entry_off + 2 * n_ent));
-  for (int i = 0; i < n_raw; ++i) st32(&buf[ro + 4 * i], sc.raws[i]);
-  std::memset(&buf[ro + 4 * n_raw], 0, len - (ro + 4 * n_raw));
-  std::memcpy(out, buf, len < cap ? len : cap);
-  *n_ent_out = n_ent;
-  *n_raw_out = n_raw;
-  return len;
+    return cc;
+  };
+  return encode_listing(g, segment, sc, out, cap, n_ent_out, n_raw_out);
 }
 
 // Encode one block x (BF16 pair words, row-major [T, D]) with the head's uint8 bases into row (cap
