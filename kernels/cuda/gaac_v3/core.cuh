@@ -163,19 +163,21 @@ GAAC_HD uint32_t pair_field(uint32_t w0, uint32_t w1, uint32_t w2, int q) {
   return sh <= 7 ? f * (1u << (7 - sh)) : f >> (sh - 7);
 }
 
-// Pair q of a chunk from x (its sign and mantissa bits at SIGN_MANT, anything elsewhere), the chunk's
+// Pair p of row r of a chunk from x (its sign and mantissa bits at SIGN_MANT, anything elsewhere), the chunk's
 // code words w0..w2 and the pair's base8 constant: (x & 0x807F807F) | base8 pair (one LOP3), then +
 // the code field (LEA / IMAD): base8 + code stays inside bits 7-14 / 23-30 (BF16: base8 <= 248; FP8:
 // base_n <= 2^E - 8), so the sum equals bitsel(SIGN_MANT, x, base8 + code).
-GAAC_HD uint32_t assemble_pair(uint32_t x, uint32_t w0, uint32_t w1, uint32_t w2, uint32_t b8p, int q) {
-  return bitsel(SIGN_MANT, x, b8p) + pair_field(w0, w1, w2, q);
+// (Pair index q = 4r + p taken as r, p and formed after the LOP3: BF16's decode_pair then compiles to
+// the same PTX as before this function was split out of it.)
+GAAC_HD uint32_t assemble_pair(uint32_t x, uint32_t w0, uint32_t w1, uint32_t w2, uint32_t b8p, int r, int p) {
+  return bitsel(SIGN_MANT, x, b8p) + pair_field(w0, w1, w2, 4 * r + p);
 }
 
 // Pair p of row r of a chunk: smw = the sm word holding its two sign/mantissa bytes (word p / 2 of
 // the row), w0..w2 = the chunk's code words, b8p = the pair's base8 constant.
 GAAC_HD uint32_t decode_pair(uint32_t smw, uint32_t w0, uint32_t w1, uint32_t w2, uint32_t b8p, int r, int p) {
   const uint32_t x = prmt(smw, 0, (p & 1) ? 0x3322u : 0x1100u);  // bytes b,b,b',b' -> 2 lanes
-  return assemble_pair(x, w0, w1, w2, b8p, 4 * r + p);
+  return assemble_pair(x, w0, w1, w2, b8p, r, p);
 }
 
 // Bytes of two pair words a, b (4 values): byte i = bit 15 of lane i (the sign) | the low 7 bits of
@@ -237,9 +239,12 @@ struct ChunkCode : ExpCode {
 // fits the 8-window iff D8 is in [504, 512), i.e. iff bits 3-8 of D8 are all ones (one LOP3 for the
 // pair, ~D & 0x01F801F8), and the 16-window iff bits 4-8 of D16 are; the coded bits follow from the same
 // words: lo3 = D & 7, bit 3 of the wide code = bit 3 of D16, bits 4-7 = bits 4-7 of D16 + 16.
-// encode_exponents: the exponent half, shared by FP8 tiles (core_fp8.cuh): ex[4r + p] = the pair's
-// exponents in bits 0-7 / 16-23 (other bits zero).
-GAAC_HD void encode_exponents(const uint32_t ex[16], const uint32_t b8w[2], const uint32_t b16w[2], ExpCode& cc) {
+// encode_exponents: the exponent half, shared by FP8 tiles (core_fp8.cuh). Per row r, in order:
+// rows.sign_mant(r) stores the row's sign/mantissa bits, then rows.exponents(r, p) = pair p's exponents
+// in bits 0-7 / 16-23 (other bits zero), read where the window tests use it (that order keeps the
+// BF16 encoder's PTX what it was before this split).
+template <class Rows>
+GAAC_HD void encode_exponents(Rows& rows, const uint32_t b8w[2], const uint32_t b16w[2], ExpCode& cc) {
   uint32_t k8[4], k16[4];
   GAAC_UNROLL
   for (int p = 0; p < 4; ++p) {
@@ -251,10 +256,11 @@ GAAC_HD void encode_exponents(const uint32_t ex[16], const uint32_t b8w[2], cons
   cc.wide = cc.raw = 0;
   GAAC_UNROLL
   for (int r = 0; r < 4; ++r) {
+    rows.sign_mant(r);
     uint32_t d8[4], d16[4], bad8 = 0, bad16 = 0;
     GAAC_UNROLL
     for (int p = 0; p < 4; ++p) {
-      const uint32_t e = ex[4 * r + p];
+      const uint32_t e = rows.exponents(r, p);
       d8[p] = e + k8[p];
       d16[p] = e + k16[p];
       bad8 |= ~d8[p] & 0x01F801F8u;
@@ -284,14 +290,20 @@ GAAC_HD void encode_exponents(const uint32_t ex[16], const uint32_t b8w[2], cons
   }
 }
 
-// BF16: sign/mantissa bytes (low and high bytes of 4 values gathered, then one bit select), exponents.
+// BF16 rows: sign/mantissa bytes (low and high bytes of 4 values gathered, then one bit select), exponents.
+struct RowsBF16 {
+  const uint32_t* x;
+  uint32_t* sm;
+  GAAC_HD void sign_mant(int r) {
+    const uint32_t* xr = x + 4 * r;
+    sm[2 * r] = lane_bytes(xr[0], xr[1], 0);
+    sm[2 * r + 1] = lane_bytes(xr[2], xr[3], 0);
+  }
+  GAAC_HD uint32_t exponents(int r, int p) const { return (x[4 * r + p] >> 7) & 0x00FF00FFu; }
+};
 GAAC_HD void encode_chunk(const uint32_t x[16], const uint32_t b8w[2], const uint32_t b16w[2], ChunkCode& cc) {
-  uint32_t ex[16];
-  GAAC_UNROLL
-  for (int q = 0; q < 16; ++q) ex[q] = (x[q] >> 7) & 0x00FF00FFu;
-  GAAC_UNROLL
-  for (int i = 0; i < 8; ++i) cc.sm[i] = lane_bytes(x[2 * i], x[2 * i + 1], 0);
-  encode_exponents(ex, b8w, b16w, cc);
+  RowsBF16 rows{x, cc.sm};
+  encode_exponents(rows, b8w, b16w, cc);
 }
 
 }  // namespace gaac_v3

@@ -61,7 +61,7 @@ GAAC_HD uint32_t sm_pair(uint32_t R, int p) {
 template <int M>
 GAAC_HD void decode_row_fp8(uint32_t R, const uint32_t w[3], const uint32_t b8p[4], int r, uint32_t o[4]) {
   GAAC_UNROLL
-  for (int p = 0; p < 4; ++p) o[p] = assemble_pair(sm_pair<M>(R, p), w[0], w[1], w[2], b8p[p], 4 * r + p);
+  for (int p = 0; p < 4; ++p) o[p] = assemble_pair(sm_pair<M>(R, p), w[0], w[1], w[2], b8p[p], r, p);
 }
 
 // 4 pair words of a row -> its 8 FP8 codes as 2 words (byte j = channel j).
@@ -125,24 +125,31 @@ GAAC_HD uint32_t sm_fields4(uint32_t x) {
   return (u & two) | ((u >> (16 - 2 * b)) & (two << (2 * b)));
 }
 
+// encode_exponents' rows of an FP8 chunk: row r's exponent fields (channels 2p, 2p+1 -> bits 0 / 16),
+// its (1+M)-bit sign/mantissa fields packed into the record at bit 8 (1+M) r.
 template <int M>
-GAAC_HD void encode_chunk_fp8(const uint32_t x[8], const uint32_t b8w[2], const uint32_t b16w[2], ChunkCodeFP8& cc) {
-  constexpr int E = 7 - M, row_bits = 8 * (1 + M);
-  constexpr uint32_t emask = ((1u << E) - 1) * 0x00010001u;
-  uint32_t ex[16];
-  GAAC_UNROLL
-  for (int k = 0; k < 4; ++k) cc.rec[k] = 0;
-  GAAC_UNROLL
-  for (int r = 0; r < 4; ++r) {
-    GAAC_UNROLL
-    for (int p = 0; p < 4; ++p)  // channels 2p, 2p+1 -> bytes 0 and 2, exponent field to bits 0 / 16
-      ex[4 * r + p] = (prmt(x[2 * r + (p >> 1)], 0, (p & 1) ? 0x4342u : 0x4140u) >> M) & emask;
+struct RowsFP8 {
+  const uint32_t* x;
+  uint32_t* rec;
+  GAAC_HD void sign_mant(int r) {
+    constexpr int row_bits = 8 * (1 + M);
     const uint32_t R = sm_fields4<M>(x[2 * r]) | (sm_fields4<M>(x[2 * r + 1]) << (4 * (1 + M)));
     const int off = row_bits * r, k = off / 32, sh = off % 32;
-    cc.rec[k] |= R << sh;
-    if (sh + row_bits > 32) cc.rec[k + 1] |= R >> (32 - sh);
+    rec[k] |= R << sh;
+    if (sh + row_bits > 32) rec[k + 1] |= R >> (32 - sh);
   }
-  encode_exponents(ex, b8w, b16w, cc);
+  GAAC_HD uint32_t exponents(int r, int p) const {  // bytes 2p, 2p+1 of the row -> bytes 0 and 2, field to bits 0 / 16
+    constexpr uint32_t emask = ((1u << (7 - M)) - 1) * 0x00010001u;
+    return (prmt(x[2 * r + (p >> 1)], 0, (p & 1) ? 0x4342u : 0x4140u) >> M) & emask;
+  }
+};
+
+template <int M>
+GAAC_HD void encode_chunk_fp8(const uint32_t x[8], const uint32_t b8w[2], const uint32_t b16w[2], ChunkCodeFP8& cc) {
+  GAAC_UNROLL
+  for (int k = 0; k < 4; ++k) cc.rec[k] = 0;
+  RowsFP8<M> rows{x, cc.rec};
+  encode_exponents(rows, b8w, b16w, cc);
   GAAC_UNROLL
   for (int r = 0; r < 4; ++r) cc.rword[r] = gather_raw_byte(cc.rword[r]);
 }
