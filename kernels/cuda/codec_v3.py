@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from gaac_hf.codec.v3 import EncodedBlocksV3
+from gaac_hf.format.fp8 import FP8_TYPES, GeometryFP8
 from gaac_hf.format.v3 import ALIGN, GeometryV3
 
 from . import runtime
@@ -27,8 +28,14 @@ def why_unavailable() -> str | None:
     return runtime.why_unavailable()
 
 
-def _defines(block_t: int, head_dim: int) -> dict:
-    return dict(BLOCK_T=block_t, HEAD_DIM=head_dim)
+def _defines(block_t: int, head_dim: int, fp8: int = 0) -> dict:
+    """kernels.cu's -D parameters; fp8 = 1 (E4M3) or 2 (E5M2) builds its FP8-tile kernels (``codec_fp8``)."""
+    return dict(BLOCK_T=block_t, HEAD_DIM=head_dim) | (dict(GAAC_FP8=fp8) if fp8 else {})
+
+
+def _fp8_id(g: GeometryV3) -> int:
+    """0 for BF16 tiles, else the FP8 dtype id (the format's DTYPE_FP8_E4M3 = 1, DTYPE_FP8_E5M2 = 2)."""
+    return FP8_TYPES[g.dtype][0] if isinstance(g, GeometryFP8) else 0
 
 
 def compile_cubin(block_t: int, head_dim: int, arch: str) -> bytes:
@@ -40,7 +47,7 @@ def compile_cubin(block_t: int, head_dim: int, arch: str) -> bytes:
 def _launch(g: GeometryV3, device: torch.device, name: str, grid: int, block: int, *args) -> None:
     import numpy as np
 
-    mod = runtime.load(SOURCE, _defines(g.block_size, g.head_dim), device)
+    mod = runtime.load(SOURCE, _defines(g.block_size, g.head_dim, _fp8_id(g)), device)
     conv = [np.int32(a) if isinstance(a, int) else a for a in args]
     runtime.launch(mod, name, (grid,), (block,), 0, *conv, device=device)
 

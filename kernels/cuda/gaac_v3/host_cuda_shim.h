@@ -21,6 +21,7 @@
 struct uint4 { uint32_t x, y, z, w; };
 struct uint2 { uint32_t x, y; };
 inline uint4 make_uint4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) { return uint4{a, b, c, d}; }
+inline uint2 make_uint2(uint32_t a, uint32_t b) { return uint2{a, b}; }
 struct shim_dim3 { unsigned x = 0, y = 0, z = 0; };
 inline thread_local shim_dim3 threadIdx, blockIdx;
 inline shim_dim3 blockDim, gridDim;

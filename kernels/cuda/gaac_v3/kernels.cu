@@ -2,13 +2,19 @@
 //
 // All bit logic comes from core.cuh (the same header the g++ tests check against the PyTorch
 // reference); this file only decides which lane does what. Compile-time parameters (-D):
-// BLOCK_T (tokens per block, power of two >= 16), HEAD_DIM (multiple of 16, <= 256).
+// BLOCK_T (tokens per block, power of two >= 16), HEAD_DIM (multiple of 16, <= 256); GAAC_FP8 = 1
+// (E4M3) or 2 (E5M2) builds the same kernels for FP8 tiles (core_fp8.cuh, docs/FORMAT_V3.md "FP8
+// tiles"): uint8 codes in and out, rows of T*D bytes, no decode-and-reduce kernel.
 //
 // Work split (docs/FORMAT_V3.md): one lane = one chunk (4 rows x 8 channels, 32 values), one warp =
 // one segment (32 chunks). Decoders: every lane runs the same main path (all groups as 3-bit), then
 // the warp walks its segment's entry list, one lane per listed group (raw words located by a ballot
 // and a popcount), so lanes never diverge on data and no decoder runs a prefix sum.
+#ifdef GAAC_FP8
+#include "core_fp8.cuh"
+#else
 #include "core.cuh"
+#endif
 
 #ifndef BLOCK_T
 #error "BLOCK_T must be defined"
@@ -32,9 +38,19 @@ using namespace gaac_v3;
 constexpr int T = BLOCK_T;
 constexpr int D = HEAD_DIM;
 // the block geometry as a constant expression (a namespace-scope constexpr object could not be read in device code)
+#ifdef GAAC_FP8
+static_assert(GAAC_FP8 == 1 || GAAC_FP8 == 2, "GAAC_FP8 is 1 (E4M3) or 2 (E5M2)");
+constexpr int MANT = GAAC_FP8 == 1 ? 3 : 2;  // mantissa bits
+constexpr int SM_WORDS = 1 + MANT;           // words of a chunk's sign/mantissa record
+#define GEO (make_geom_fp8(T, D, MANT))
+typedef uint8_t value_t;  // an FP8 code
+#else
 #define GEO (make_geom(T, D))
+typedef uint16_t value_t;  // a BF16 value
+#endif
 constexpr int NUMEL = T * D;
-constexpr int CAP = 2 * NUMEL;  // encoder row capacity = raw BF16 size
+constexpr int CAP = (int)sizeof(value_t) * NUMEL;  // encoder row capacity = the block stored uncompressed
+static_assert(GEO.entry_off <= CAP, "the fixed part of a block fits the row");
 static_assert(D % 16 == 0 && D <= 256, "HEAD_DIM must be a multiple of 16 up to 256");
 static_assert(GEO.segs <= 32, "the encoder runs one warp per segment in one CTA");
 
@@ -54,6 +70,19 @@ __device__ __forceinline__ uint4 ld128(const void* p) { return *reinterpret_cast
 __device__ __forceinline__ void st128(void* p, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
   *reinterpret_cast<uint4*>(p) = make_uint4(a, b, c, d);
 }
+#ifdef GAAC_FP8
+__device__ __forceinline__ void st64(void* p, uint32_t a, uint32_t b) { *reinterpret_cast<uint2*>(p) = make_uint2(a, b); }
+// chunk c's sign/mantissa record: E4M3 one 16-byte load, E5M2 three words (12-byte records)
+__device__ __forceinline__ void load_record(const uint8_t* p, uint32_t rec[SM_WORDS]) {
+  if constexpr (SM_WORDS == 4) {
+    const uint4 a = ld128(p);
+    rec[0] = a.x, rec[1] = a.y, rec[2] = a.z, rec[3] = a.w;
+  } else {
+    GAAC_UNROLL
+    for (int k = 0; k < SM_WORDS; ++k) rec[k] = ld32(p + 4 * k);
+  }
+}
+#endif
 __device__ __forceinline__ const uint8_t* block_ptr(const uint8_t* pool, long long entry) {
   return pool + (entry & ~(long long)(ALIGN - 1));
 }
@@ -68,12 +97,16 @@ enum { MODE_STORE = 0, MODE_FOLD = 1 };
 
 // The main path of the window's chunks (lane = chunk 32s + lane of each segment s of the window).
 template <int MODE>
-__device__ __forceinline__ void window_main(const uint8_t* blk, int s_lo, int lane, const uint32_t* b8row, uint16_t* o,
+__device__ __forceinline__ void window_main(const uint8_t* blk, int s_lo, int lane, const uint32_t* b8row, value_t* o,
                                             uint32_t& acc) {
   uint4 bp = ld128(b8row + 4 * lane_col(s_lo, lane));
   // one base pointer per plane: inside the window every address is base + a constant (FULL) or
   // computed per segment (the last, short segment of an odd geometry)
+#ifdef GAAC_FP8
+  const uint8_t* smp = blk + 4 * SM_WORDS * (SEG_CHUNKS * s_lo + lane);
+#else
   const uint8_t* smp = blk + 32 * (SEG_CHUNKS * s_lo + lane);
+#endif
   const uint8_t* cwp = blk + GEO.code_off + 4 * (CODE_WORDS * SEG_CHUNKS * s_lo + lane);
   GAAC_UNROLL
   for (int k = 0; k < WIN; ++k) {
@@ -82,8 +115,13 @@ __device__ __forceinline__ void window_main(const uint8_t* blk, int s_lo, int la
     if (!FULL && lane >= seg_chunks(GEO, s)) continue;
     const int c = SEG_CHUNKS * s + lane;
     if constexpr (!COL_FIXED) bp = ld128(b8row + 4 * chunk_col(GEO, c));
+#ifdef GAAC_FP8
+    uint32_t rec[SM_WORDS];
+    load_record(smp + 4 * SM_WORDS * SEG_CHUNKS * k, rec);
+#else
     const uint4 a = ld128(smp + 1024 * k), b = ld128(smp + 1024 * k + 16);
     const uint32_t sm[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#endif
     uint32_t w[3];
     if constexpr (FULL) {
       GAAC_UNROLL
@@ -93,17 +131,27 @@ __device__ __forceinline__ void window_main(const uint8_t* blk, int s_lo, int la
       for (int j = 0; j < 3; ++j) w[j] = ld32(blk + code_word_off(GEO, s, lane, j));
     }
     const uint32_t b8p[4] = {bp.x, bp.y, bp.z, bp.w};
+#ifdef GAAC_FP8
+    uint32_t v[8];  // row r = words 2r, 2r+1 (8 codes)
+    decode_chunk_fp8<MANT>(rec, w, b8p, v);
+#else
     uint32_t v[16];
     decode_chunk(sm, w, b8p, v);
+#endif
     if constexpr (MODE == MODE_STORE) {
-      uint16_t* dst;
+      value_t* dst;
       if constexpr (COL_FIXED)  // 32 chunks of a segment = 32 / cols bands of 4 rows
         dst = o + CHUNK_ROWS * ((SEG_CHUNKS * s_lo + lane) / GEO.cols) * D + GROUP * (lane % GEO.cols) +
               k * (CHUNK_ROWS * SEG_CHUNKS / GEO.cols) * D;
       else
         dst = o + chunk_row0(GEO, c) * D + GROUP * chunk_col(GEO, c);
+#ifdef GAAC_FP8
+      GAAC_UNROLL
+      for (int r = 0; r < 4; ++r) st64(dst + r * D, v[2 * r], v[2 * r + 1]);
+#else
       GAAC_UNROLL
       for (int r = 0; r < 4; ++r) st128(dst + r * D, v[4 * r], v[4 * r + 1], v[4 * r + 2], v[4 * r + 3]);
+#endif
     } else {
       GAAC_UNROLL
       for (int q = 0; q < 16; q += 2) acc ^= v[q] ^ v[q + 1];
@@ -116,7 +164,7 @@ __device__ __forceinline__ void window_main(const uint8_t* blk, int s_lo, int la
 // its index with the window's (at most 3) inner segment boundaries.
 template <int MODE>
 __device__ __forceinline__ void window_fix(const uint8_t* blk, int s_lo, int lane, const uint32_t* b8row,
-                                           const uint32_t* dbrow, uint16_t* o, uint32_t& acc) {
+                                           const uint32_t* dbrow, value_t* o, uint32_t& acc) {
   const int s_hi = s_lo + WIN < GEO.segs ? s_lo + WIN : GEO.segs;
   const uint8_t* segtab = blk + GEO.segtab_off;
   const uint32_t s0 = ld32(segtab + 4 * s_lo), tot = ld32(segtab + 4 * GEO.segs);
@@ -139,7 +187,11 @@ __device__ __forceinline__ void window_fix(const uint8_t* blk, int s_lo, int lan
     const bool raw = act && entry_raw(entry);
     const unsigned bal = __ballot_sync(0xFFFFFFFFu, raw);
     if (act) {
+#ifdef GAAC_FP8
+      const uint32_t rw = raw ? (uint32_t)raws[rbase + __popc(bal & ((1u << lane) - 1u))] : 0u;  // a raw byte
+#else
       const uint32_t rw = raw ? ld32(raws + 4 * (rbase + __popc(bal & ((1u << lane) - 1u)))) : 0u;
+#endif
       int s = s_lo;
       GAAC_UNROLL
       for (int k = 0; k < WIN - 1; ++k) s += idx >= bnd[k];
@@ -147,6 +199,21 @@ __device__ __forceinline__ void window_fix(const uint8_t* blk, int s_lo, int lan
       const int col = chunk_col(GEO, c);
       const uint4 db = ld128(dbrow + 4 * col);
       const uint32_t d4[4] = {db.x, db.y, db.z, db.w};
+#ifdef GAAC_FP8
+      // the row rebuilt from its record and code words (as the main path decoded it), then fixed:
+      // the lane reads nothing the main path stored, and overwrites the row's 8 codes
+      static_assert(MODE == MODE_STORE, "FP8 tiles have no decode-and-reduce kernel");
+      const int lane_c = c - SEG_CHUNKS * s, k = sm_row_word<MANT>(r);
+      const uint8_t* rp = blk + 4 * SM_WORDS * c + 4 * k;
+      const uint32_t lo = ld32(rp), hi = (MANT == 2 && k + 1 < SM_WORDS) ? ld32(rp + 4) : 0u;
+      const uint32_t w[3] = {ld32(blk + code_word_off(GEO, s, lane_c, 0)), ld32(blk + code_word_off(GEO, s, lane_c, 1)),
+                             ld32(blk + code_word_off(GEO, s, lane_c, 2))};
+      const uint4 bp = ld128(b8row + 4 * col);
+      const uint32_t b4[4] = {bp.x, bp.y, bp.z, bp.w};
+      uint32_t out2[2];
+      fix_row_fp8<MANT>(sm_row_bits<MANT>(lo, hi, r), w, b4, d4, r, entry, rw, out2);
+      st64(o + (chunk_row0(GEO, c) + r) * D + GROUP * col, out2[0], out2[1]);
+#else
       if constexpr (MODE == MODE_STORE) {
         uint16_t* dst = o + (chunk_row0(GEO, c) + r) * D + GROUP * col;
         const uint4 v = ld128(dst);
@@ -168,6 +235,7 @@ __device__ __forceinline__ void window_fix(const uint8_t* blk, int s_lo, int lan
         GAAC_UNROLL
         for (int p = 0; p < 4; ++p) acc ^= wrong[p] ^ right[p];
       }
+#endif
     }
     rbase += __popc(bal);
   }
@@ -176,15 +244,16 @@ __device__ __forceinline__ void window_fix(const uint8_t* blk, int s_lo, int lan
 // One work item: window wdx of block i (compressed), or its share of a BF16 block.
 template <int MODE, bool RAW_PATH = true>
 __device__ __forceinline__ void decode_item(const uint8_t* __restrict__ pool, long long ent, int i, int wdx, int lane,
-                                            const uint32_t* b8p, const uint32_t* dbp, int base_stride, uint16_t* out,
+                                            const uint32_t* b8p, const uint32_t* dbp, int base_stride, value_t* out,
                                             uint32_t& acc) {
   const uint8_t* blk = block_ptr(pool, ent);
-  uint16_t* o = out + (size_t)i * NUMEL;
+  value_t* o = out + (size_t)i * NUMEL;
   const int s_lo = WIN * wdx;
-  if (RAW_PATH && (ent & ENTRY_RAW_BIT)) {  // BF16 block: this window's values (1,024 per segment)
+  if (RAW_PATH && (ent & ENTRY_RAW_BIT)) {  // uncompressed block: this window's values (1,024 per segment)
+    constexpr int VEC = 16 / (int)sizeof(value_t);  // values per 16-byte copy
     const int v_hi = (s_lo + WIN) * 1024 < NUMEL ? (s_lo + WIN) * 1024 : NUMEL;
-    for (int v = s_lo * 1024 + 8 * lane; v < v_hi; v += 256) {
-      const uint4 x = ld128(blk + 2 * v);
+    for (int v = s_lo * 1024 + VEC * lane; v < v_hi; v += 32 * VEC) {
+      const uint4 x = ld128(blk + (int)sizeof(value_t) * v);
       if constexpr (MODE == MODE_STORE) *reinterpret_cast<uint4*>(o + v) = x;
       else acc ^= x.x ^ x.y ^ x.z ^ x.w;
     }
@@ -198,7 +267,7 @@ __device__ __forceinline__ void decode_item(const uint8_t* __restrict__ pool, lo
 // Grid-stride loop over (block, window) items, one warp per item; returns this lane's XOR fold.
 template <int MODE>
 __device__ __forceinline__ uint32_t run_items(const uint8_t* __restrict__ pool, const long long* __restrict__ entries,
-                                              const uint32_t* b8p, const uint32_t* dbp, int base_stride, uint16_t* out,
+                                              const uint32_t* b8p, const uint32_t* dbp, int base_stride, value_t* out,
                                               int n_blocks) {
   const int lane = threadIdx.x & 31;
   const unsigned warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, nwarps = (gridDim.x * blockDim.x) >> 5;
@@ -212,14 +281,17 @@ __device__ __forceinline__ uint32_t run_items(const uint8_t* __restrict__ pool, 
 
 }  // namespace
 
-// Standalone decoder: pool + block-table entries -> BF16 [N, T, D]; grid-stride over (block, window).
-// b8p / dbp: uint32 pair tables [Nb, D/2] (pair_const of base8, and of (base16 - base8) mod 256);
-// base_stride = D/2 when every block has its own row, 0 when all share row 0.
+// Standalone decoder: pool + block-table entries -> BF16 (FP8: uint8 codes) [N, T, D]; grid-stride over
+// (block, window). b8p / dbp: uint32 pair tables [Nb, D/2] (pair_const of base8, and of (base16 -
+// base8) mod 256; FP8: of base_n and base_w - base_n); base_stride = D/2 when every block has its own
+// row, 0 when all share row 0.
 extern "C" __global__ void __launch_bounds__(DECODE_THREADS, DECODE_MIN_CTAS)
 gaac_v3_decode(const uint8_t* __restrict__ pool, const long long* __restrict__ entries, const uint32_t* __restrict__ b8p,
-               const uint32_t* __restrict__ dbp, int base_stride, uint16_t* __restrict__ out, int n_blocks) {
+               const uint32_t* __restrict__ dbp, int base_stride, value_t* __restrict__ out, int n_blocks) {
   run_items<MODE_STORE>(pool, entries, b8p, dbp, base_stride, out, n_blocks);
 }
+
+#ifndef GAAC_FP8
 
 // Decode-and-reduce: decodes every value like gaac_v3_decode and stores none: every decoded 32-bit
 // pair word is XOR-folded into one word per CTA (fold[blockIdx.x]); listed groups fold (wrong ^ right).
@@ -239,8 +311,9 @@ gaac_v3_decode_reduce(const uint8_t* __restrict__ pool, const long long* __restr
     fold[blockIdx.x] = a;
   }
 }
+#endif  // GAAC_FP8
 
-#ifdef GAAC_V3_COUNT
+#if defined(GAAC_V3_COUNT) && !defined(GAAC_FP8)
 // Loop-free twin of one gaac_v3_decode item (the same decode_item), for eval/sass_decoder.py: built
 // with -DGAAC_V3_COUNT_STEPS=k its fix-up runs exactly k unrolled 32-entry steps, so the static SASS
 // count is what one warp issues for one window of WIN segments of a compressed block (the BF16-block
@@ -255,34 +328,58 @@ extern "C" __global__ void gaac_v3_count_item(const uint8_t* __restrict__ pool, 
 }
 #endif
 
-// Encoder: BF16 [N, T, D] -> rows uint8 [N, CAP] (block i's bytes at the start of row i; bytes past
-// nbytes[i] are not written), nbytes int32 [N]. One CTA per block, one warp per segment (blockDim =
-// 32 * segs). b8 / b16: uint8 [Nb, D] with base_stride D (own row per block) or 0 (shared).
+// Encoder: BF16 (FP8: uint8 codes) [N, T, D] -> rows uint8 [N, CAP] (block i's bytes at the start of
+// row i; bytes past nbytes[i] are not written), nbytes int32 [N]. One CTA per block, one warp per
+// segment (blockDim = 32 * segs). b8 / b16: uint8 [Nb, D] (FP8: base_n / base_w) with base_stride D
+// (own row per block) or 0 (shared).
 extern "C" __global__ void __launch_bounds__(32 * make_geom(T, D).segs)
-gaac_v3_encode(const uint16_t* __restrict__ x, const uint8_t* __restrict__ b8, const uint8_t* __restrict__ b16, int base_stride,
+gaac_v3_encode(const value_t* __restrict__ x, const uint8_t* __restrict__ b8, const uint8_t* __restrict__ b16, int base_stride,
                uint8_t* __restrict__ rows, int* __restrict__ nbytes) {
   __shared__ int seg_ent[32], seg_raw[32];
   const int i = blockIdx.x, lane = threadIdx.x & 31, s = threadIdx.x >> 5;
   const int m = seg_chunks(GEO, s), c = SEG_CHUNKS * s + lane;
   const bool live = lane < m;
   uint8_t* row = rows + (size_t)i * CAP;
+#ifdef GAAC_FP8
+  ChunkCodeFP8 cc;
+#else
   ChunkCode cc;
+#endif
   cc.wide = cc.raw = 0;
   if (live) {
     const int col = chunk_col(GEO, c);
-    const uint16_t* src = x + (size_t)i * NUMEL + chunk_row0(GEO, c) * D + GROUP * col;
+    const value_t* src = x + (size_t)i * NUMEL + chunk_row0(GEO, c) * D + GROUP * col;
+#ifdef GAAC_FP8
+    uint32_t xv[8];  // row r = words 2r, 2r+1 (8 codes)
+    GAAC_UNROLL
+    for (int r = 0; r < 4; ++r) {
+      const uint2 v = *reinterpret_cast<const uint2*>(src + r * D);
+      xv[2 * r] = v.x, xv[2 * r + 1] = v.y;
+    }
+#else
     uint32_t xv[16];
     GAAC_UNROLL
     for (int r = 0; r < 4; ++r) {
       const uint4 v = ld128(src + r * D);
       xv[4 * r] = v.x, xv[4 * r + 1] = v.y, xv[4 * r + 2] = v.z, xv[4 * r + 3] = v.w;
     }
+#endif
     const uint2 p8 = *reinterpret_cast<const uint2*>(b8 + (size_t)i * base_stride + GROUP * col);
     const uint2 p16 = *reinterpret_cast<const uint2*>(b16 + (size_t)i * base_stride + GROUP * col);
     const uint32_t b8w[2] = {p8.x, p8.y}, b16w[2] = {p16.x, p16.y};
+#ifdef GAAC_FP8
+    encode_chunk_fp8<MANT>(xv, b8w, b16w, cc);
+    if constexpr (SM_WORDS == 4) {
+      st128(row + 16 * c, cc.rec[0], cc.rec[1], cc.rec[2], cc.rec[3]);
+    } else {
+      GAAC_UNROLL
+      for (int k = 0; k < SM_WORDS; ++k) *reinterpret_cast<uint32_t*>(row + 4 * SM_WORDS * c + 4 * k) = cc.rec[k];
+    }
+#else
     encode_chunk(xv, b8w, b16w, cc);
     st128(row + 32 * c, cc.sm[0], cc.sm[1], cc.sm[2], cc.sm[3]);
     st128(row + 32 * c + 16, cc.sm[4], cc.sm[5], cc.sm[6], cc.sm[7]);
+#endif
     GAAC_UNROLL
     for (int k = 0; k < 3; ++k) *reinterpret_cast<uint32_t*>(row + code_word_off(GEO, s, lane, k)) = cc.w[k];
   }
@@ -315,23 +412,38 @@ gaac_v3_encode(const uint16_t* __restrict__ x, const uint8_t* __restrict__ b8, c
       if (off + 2 <= CAP) *reinterpret_cast<uint16_t*>(row + off) = (uint16_t)(cc.entry[r] | (uint32_t)(4 * lane + r));
     }
     if ((cc.raw >> r) & 1) {
+#ifdef GAAC_FP8
+      const int off = ro + q++;  // raw bytes, unaligned
+      if (off < CAP) row[off] = (uint8_t)cc.rword[r];
+#else
       const int off = ro + 4 * q++;
       if (off + 4 <= CAP) *reinterpret_cast<uint32_t*>(row + off) = cc.rword[r];
+#endif
     }
   }
   if (lane == 0) *reinterpret_cast<uint32_t*>(row + GEO.segtab_off + 4 * s) = (uint32_t)e_start | ((uint32_t)r_start << 16);
   if (threadIdx.x == 0) {
     *reinterpret_cast<uint32_t*>(row + GEO.segtab_off + 4 * GEO.segs) = (uint32_t)e_tot | ((uint32_t)r_tot << 16);
+#ifdef GAAC_FP8
+    nbytes[i] = nb;
+  }
+  // padding bytes are zero: none before the raw bytes, 0..15 after them (one byte per thread of warp 0)
+  if (threadIdx.x < ALIGN) {
+    const int k = ro + r_tot + threadIdx.x;
+    if (k < nb && k < CAP) row[k] = 0;
+  }
+#else
     // padding bytes are zero: 0 or 2 between the entries and the raw words, 0..12 (whole words) at the end
     if (GEO.entry_off + 2 * e_tot < ro && ro <= CAP) *reinterpret_cast<uint16_t*>(row + ro - 2) = 0;
     for (int k = ro + 4 * r_tot; k < nb && k + 4 <= CAP; k += 4) *reinterpret_cast<uint32_t*>(row + k) = 0;
     nbytes[i] = nb;
   }
+#endif
 }
 
 // Pack: block i's stored bytes -> pool + offs[i] (a 16-byte multiple the caller computed on the
 // device, so the host never learns the lengths): the encoder row's first nbytes[i] bytes, or its BF16
-// bytes x[i] when nbytes[i] > CAP (it does not fit: stored raw). One CTA per block, 16 B per thread
+// (FP8) bytes x[i] when nbytes[i] > CAP (it does not fit: stored raw). One CTA per block, 16 B per thread
 // and step; stored lengths are 16-byte multiples (the format's block alignment).
 extern "C" __global__ void gaac_v3_pack(const uint8_t* __restrict__ rows, const int* __restrict__ nbytes,
                                         const uint8_t* __restrict__ x, const long long* __restrict__ offs,
