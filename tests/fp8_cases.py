@@ -86,3 +86,39 @@ def adversarial_blocks(g: GeometryFP8, seed: int):
     e1[3::4, 7::8] = base_n + 10  # one wide group per chunk column at the last row of each chunk
     add(sm | (e1 << g.man_bits), torch.tensor(base_n), torch.tensor(base_w))
     return torch.stack(blocks), torch.stack(bns), torch.stack(bws)
+
+
+_KV: dict = {}
+
+
+def smollm2_kv(model, tok, text: str, tokens: int) -> list:
+    """[(K, V)] per layer, BF16 [Hkv, S, D]: post-RoPE K/V of SmolLM2 on the first `tokens` tokens of text
+    (one forward per model and length in a process: the FP8 tests of both dtypes share it)."""
+    key = (id(model), tokens)
+    if key not in _KV:
+        from gaac_hf.calibration.collect import run_chunks, tokenize
+
+        ids = tokenize(tok, text, tokens)[None, :tokens]
+        ((_, keys, values),) = list(run_chunks(model, ids, progress=False))
+        _KV[key] = list(zip(keys, values))
+    return _KV[key]
+
+
+def real_fp8_blocks(smollm2, text: str, dtype: str, tokens: int = 256, layers=(0, 14, 29)):
+    """(x [N, 64, 64], base_n [N, D], base_w [N, D]): K and V of the given layers converted as the FP8 caches
+    convert them (amax scale of the first half, saturating), windows of each kv-head from the first half."""
+    from gaac_hf.codec.fp8 import choose_windows_fp8, exponent_histogram_fp8, fp8_scale
+
+    model, tok = smollm2
+    g = GeometryFP8(64, 64, dtype)
+    kv = smollm2_kv(model, tok, text, tokens)
+    xs, bns, bws = [], [], []
+    for li in (range(len(kv)) if layers is None else layers):
+        for x in kv[li]:
+            half = x.shape[1] // 2
+            codes = quantize_fp8(x, fp8_scale(x[:, :half], dtype), dtype, saturate=True)  # [H, S, D]
+            bn, bw = choose_windows_fp8(exponent_histogram_fp8(codes[:, :half], g), g)
+            blocks = codes.shape[1] // 64
+            xs.append(codes[:, : 64 * blocks].reshape(-1, 64, 64))
+            bns.append(bn.repeat_interleave(blocks, 0)), bws.append(bw.repeat_interleave(blocks, 0))
+    return torch.cat(xs), torch.cat(bns), torch.cat(bws)

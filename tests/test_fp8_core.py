@@ -3,7 +3,8 @@ PyTorch reference (gaac_hf/codec/fp8.py): decoder code for code, encoder byte fo
 
 Inputs: all 256 codes in every channel position (every mode, each format's NaN / Inf codes among them),
 the special-code and adversarial blocks of tests/fp8_cases.py, real SmolLM2 K/V converted as an FP8
-cache converts it. Mutation checks: one shift / base of the core changed must make a comparison fail.
+cache converts it (marker ``full``: the model forward). Mutation checks: one shift / base of the core changed
+must make a comparison fail.
 """
 import shutil
 import subprocess
@@ -15,7 +16,9 @@ import torch
 from gaac_hf.codec.fp8 import decode_pool_fp8, encode_blocks_fp8
 from gaac_hf.codec.v3 import pack_blocks
 from gaac_hf.format.fp8 import GeometryFP8
-from tests.fp8_cases import DTYPES, adversarial_blocks, every_code_blocks, same_codes, special_blocks
+from tests.fp8_cases import (
+    DTYPES, adversarial_blocks, every_code_blocks, real_fp8_blocks, same_codes, special_blocks,
+)
 from tests.host_core import CORE_DIR, build
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
@@ -93,24 +96,14 @@ def test_special_and_adversarial_blocks(driver, tmp_path, dtype, head_dim):
 
 
 @pytest.mark.slow
+@pytest.mark.full  # the model forward is most of its ~9 s: out of the default run (issue 12); test_fp8_gpu.py has it too
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_real_smollm2_kv_in_fp8(driver, tmp_path, smollm2, wikitext_test, dtype):
-    """Post-RoPE K/V of SmolLM2-135M, converted as the FP8 caches do (amax scale of the first half,
-    saturating), windows from the first half."""
-    from gaac_hf.calibration.collect import run_chunks, tokenize
-    from gaac_hf.codec.fp8 import choose_windows_fp8, exponent_histogram_fp8, fp8_scale, quantize_fp8
-
-    model, tok = smollm2
-    ids = tokenize(tok, wikitext_test, 512)[None, :512]
-    g = GeometryFP8(64, 64, dtype)
-    for _, keys, values in run_chunks(model, ids, progress=False):
-        for li in (0, 14, 29):
-            for x in (keys[li], values[li]):
-                codes = quantize_fp8(x, fp8_scale(x[:, :256], dtype), dtype, saturate=True)  # [H, S, D]
-                bn, bw = choose_windows_fp8(exponent_histogram_fp8(codes[:, :256], g), g)
-                enc = check_both(driver, codes.reshape(-1, 64, 64), bn.repeat_interleave(8, 0), bw.repeat_interleave(8, 0),
-                                 g, tmp_path)
-                assert bool(enc.fits.all()) and int((enc.modes > 0).sum()) > 0
+    """Post-RoPE K/V of SmolLM2-135M (layers 0, 14, 29; 256 tokens, one forward for both dtypes), converted as
+    the FP8 caches do (amax scale of the first half, saturating), windows from the first half."""
+    x, bn, bw = real_fp8_blocks(smollm2, wikitext_test, dtype)
+    enc = check_both(driver, x, bn, bw, GeometryFP8(64, 64, dtype), tmp_path)
+    assert bool(enc.fits.all()) and int((enc.modes > 0).sum()) > 0
 
 
 # (text, replacement, dtype whose comparison must fail): one change each to the record, the windows, the raw byte
