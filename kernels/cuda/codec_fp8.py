@@ -81,9 +81,11 @@ def pack_blocks_fp8_cuda(rows: torch.Tensor, nbytes: torch.Tensor, x: torch.Tens
 
 
 def decode_pool_fp8_cuda(pool: torch.Tensor, entries: torch.Tensor, base_n: torch.Tensor, base_w: torch.Tensor,
-                         g: GeometryFP8, *, out: torch.Tensor | None = None, tables=None) -> torch.Tensor:
+                         g: GeometryFP8, *, out: torch.Tensor | None = None, tables=None,
+                         grid: int | None = None) -> torch.Tensor:
     """CUDA twin of :func:`gaac_hf.codec.fp8.decode_pool_fp8`: uint8 codes ``[N, T, D]`` (into ``out``
-    if given). ``tables``: precomputed :func:`pair_tables`."""
+    if given). ``tables``: precomputed :func:`pair_tables`; ``grid``: CTAs of the grid-stride loop
+    (default: enough for one warp per work item, at most 16 per SM)."""
     g = _geometry(g)
     n = entries.shape[0]
     if out is None:
@@ -93,7 +95,7 @@ def decode_pool_fp8_cuda(pool: torch.Tensor, entries: torch.Tensor, base_n: torc
     b8p, dbp, stride = tables if tables is not None else pair_tables(base_n.to(pool.device), base_w.to(pool.device), g)
     if n:
         items = n * -(-g.segments // 4)
-        _launch(g, pool.device, "gaac_v3_decode", _grid(items, pool.device), DECODE_THREADS, pool,
+        _launch(g, pool.device, "gaac_v3_decode", grid or _grid(items, pool.device), DECODE_THREADS, pool,
                 entries.to(torch.int64).contiguous(), b8p, dbp, stride, out, n)
     return out
 
