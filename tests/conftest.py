@@ -23,7 +23,7 @@ FILE_SECONDS = {
     "test_lm_eval.py": 109, "test_kernels_codec.py": 88, "test_cache.py": 87, "test_kernels_attention.py": 79,
     "test_codec.py": 77, "test_cpu_kernels.py": 57, "test_cuda_build.py": 45, "test_cache_fp8.py": 38,
     "test_cache_v3.py": 37, "test_serving.py": 37, "test_v3_core.py": 36, "test_v3_kernels_host.py": 25,
-    "test_v3_cuda_build.py": 29, "test_tensor_parallel.py": 21, "test_cache_memory.py": 13, "test_fp8_core.py": 12,
+    "test_v3_cuda_build.py": 29, "test_tensor_parallel.py": 21, "test_cache_memory.py": 13, "test_fp8_core.py": 8,
     "test_fp8_kernels_host.py": 6,
     "test_host_overhead.py": 10, "test_calibration.py": 8, "test_fp8_codec.py": 4, "test_layout.py": 2,
 }
