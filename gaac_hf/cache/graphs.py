@@ -17,7 +17,10 @@ completes the tail's block; the whole tail is encoded, stored at the pool's devi
 :meth:`pre` and :meth:`post` advance the shared counts once per step (before and after the model's
 forward); a runner (:mod:`gaac_hf.integrations.cuda_graphs`) captures one graph per kind, picks the kind
 from the host counts (:meth:`kind`) and advances those after each step (:meth:`advance_host`): while a
-step runs, the layers' host integers lag the device by one token.
+step runs, the layers' host integers lag the device by one token (``get_seq_length()`` adds it once the
+layer has appended, so mask sizes and the attention's length checks see what an eager step shows).
+Left padding comes from ``kv_start``, never from a mask: on transformers 5.17 a decode step still gets
+a (all-visible, capture-time sized) mask, whose count of masked positions would be 0.
 
 No store grows anything inside a graph: :meth:`reserve` makes room, before any capture, for every block a
 decode horizon of ``horizon`` steps can close at its worst case (BF16 size; B*Hkv blocks per close and
@@ -134,6 +137,7 @@ class DecodeGraphState:
         bookkeeping catch up with the device."""
         n = self.batch * self.heads
         for layer in self.layers:
+            layer._graph_pending = 0
             if kind == CLOSE:
                 layer.num_blocks += 1
                 layer.tail_len = 0
@@ -157,6 +161,8 @@ class DecodeGraphState:
     # -- device side (inside a captured step) ------------------------------------------------------
     def pre(self, kind: str) -> None:
         """Before the forward of a step of ``kind``: the counts the attention kernel reads."""
+        for layer in self.layers:
+            layer._graph_pending = 0
         self.current, self.running = kind, True
         if kind == CLOSE:
             self.nbt.add_(1)
@@ -181,6 +187,7 @@ class DecodeGraphState:
             raise RuntimeError(f"GAAC layer {layer.layer_idx} is in graph mode, which takes decode steps only "
                                f"(one token per row), got {key_states.shape[2]}: detach the graph state first")
         tails = layer.tails
+        layer._graph_pending = 1  # get_seq_length() counts this step's token, as after an eager append
         tails[_K].index_copy_(2, self.pos, key_states)
         tails[_V].index_copy_(2, self.pos, value_states)
         if self.current != CLOSE:
@@ -197,5 +204,5 @@ class DecodeGraphState:
         reserved blocks."""
         pk, pv = layer._pools
         return PagedKV(pk.paged(layer._tables[_K], layer.tails[_K]), pv.paged(layer._tables[_V], layer.tails[_V]),
-                       self.nbt, self.tlt, layer.geometry, kv_start if kv_start is not None else self.kv_start,
+                       self.nbt, self.tlt, layer.geometry, self.kv_start if self.kv_start is not None else kv_start,
                        active_blocks=self.max_blocks)

@@ -66,8 +66,12 @@ class _BlockedLayer(CacheLayerMixin):
     is_compileable = False
     is_croppable = True
 
+    _graph_pending = 0  # graph mode: this step's token, appended on the device, not yet in the host counts
+
     def get_seq_length(self) -> int:
-        return self.num_blocks * self.geometry.block_size + self.tail_len if self.is_initialized else 0
+        if not self.is_initialized:
+            return 0
+        return self.num_blocks * self.geometry.block_size + self.tail_len + self._graph_pending
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.get_seq_length() + query_length, 0
