@@ -218,6 +218,8 @@ def run_case(model, table, B, S, dev, args):
                     break
             row[f"step_wall_us_{tag}"] = wall_us(step, args.steps)
             row[f"step_gpu_us_{tag}"] = gpu_busy_us(step, args.prof_steps)
+            # device span of a replay (events around it): kernels plus the gaps inside the graph
+            row[f"step_span_us_{tag}"] = harness.span_us(step, args.steps)
         row[f"{tag}_replays"], row[f"{tag}_eager_steps"] = runner.replays, runner.eager_steps
         row[f"{tag}_kinds_captured"] = sorted(runner.graphs)
         runner.close()

@@ -164,6 +164,24 @@ def gpu_busy_us(fn, steps: int = 10, warmup: bool = False) -> float:
     return sum(e.self_device_time_total for e in prof.key_averages()) / steps
 
 
+def span_us(fn, steps: int) -> float:
+    """Median device span per call of fn (CUDA events around each call, nothing else queued): kernel
+    time plus the gaps between its kernels, which :func:`gpu_busy_us` leaves out. NaN on the CPU."""
+    if not torch.cuda.is_available():
+        return float("nan")
+    sync()
+    t = []
+    for _ in range(steps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        t.append(a.elapsed_time(b) * 1e3)
+    t.sort()
+    return t[len(t) // 2]
+
+
 def wall_us(fn, steps: int) -> float:
     """Median wall time per call, the device synchronized before and after each call."""
     sync()
