@@ -147,6 +147,11 @@ def test_graph_mode_errors(model_table, sync_free_cpu, monkeypatch):
         DecodeGraphs(model, GAACCache(model.config, calibration=table, format_version=3), capture=False)
     with pytest.raises(ValueError, match="horizon"):
         DecodeGraphs(model, _prefilled(model, table)[0], horizon=0, capture=False)
+    full = GAACCache(model.config, calibration=table, format_version=3, return_full_kv=True)
+    with torch.no_grad():
+        model(torch.zeros(1, 20, dtype=torch.long), past_key_values=full)
+    with pytest.raises(ValueError, match="attention is not gaac_hf's"):
+        DecodeGraphs(model, full, capture=False)
     monkeypatch.setattr(pool_v3, "CPU_SYNC_FREE", False)
     with pytest.raises(ValueError, match="device offsets"):
         DecodeGraphs(model, _prefilled(model, table)[0], capture=False)

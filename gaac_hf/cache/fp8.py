@@ -15,13 +15,18 @@ Reading: :meth:`GAACFP8Layer.codes` decodes the blocks (reference codec, bit-exa
 tail; ``update()`` returns ``dequantize_fp8(codes)`` for K and V, ``[B, H, S, D]``, exactly what the
 baseline returns, with the codes stored by earlier steps decoded from the pool and this step's own
 codes taken from its input (as :class:`~gaac_hf.cache.GAACLayer` does: a prefill decodes nothing). Any attention function works (the registered ``gaac`` attention sees ordinary
-tensors and runs SDPA). There is no attention over compressed FP8 tiles yet and no CUDA codec for them:
-on a CUDA device the layer raises NotImplementedError rather than run an untested path.
+tensors and runs SDPA). There is no attention over compressed FP8 tiles yet. On a CUDA device the
+layer stores with the reference codec (PyTorch ops on the device) and decodes with the FP8 CUDA decoder
+(``kernels/cuda/codec_fp8.py``) where it loads; that path is built but has not run on a GPU yet, so it
+is refused (NotImplementedError) unless ``GAAC_FP8_CUDA=1`` is set (``tests/test_cache_fp8_gpu.py``
+sets it; the next GPU session runs it, then the switch goes).
 
 Crop, beam reorder and batch selection re-index the tables and the tail; blocks no row references any
 more stay in the pool until the cache is dropped (they are counted in ``allocated_bytes``).
 """
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -31,11 +36,23 @@ from ..codec.v3 import pack_blocks
 from ..format.fp8 import GeometryFP8
 from ..format.v3 import MODE_3BIT, MODE_4BIT, MODE_RAW
 from .fp8_baseline import FP8DynamicLayer
+from ..kernels.paged import PagedTensorV3
 from .layer import _BlockedLayer
 
 _K, _V = 0, 1
 #: CPU pools grow in pages of this many bytes (never by doubling)
 POOL_PAGE = 16 << 10
+#: readable bytes past the last block (the CUDA decoder's vector loads may read that far)
+GUARD = PagedTensorV3.GUARD_BYTES
+
+
+def _cuda_codec():
+    """The FP8 CUDA codec module, or None (not importable or no usable toolchain)."""
+    try:
+        from ..kernels.cuda import codec_fp8
+    except Exception:  # noqa: BLE001 - an optional backend must never break the cache
+        return None
+    return codec_fp8 if codec_fp8.why_unavailable() is None else None
 
 
 class _PoolFP8:
@@ -46,6 +63,7 @@ class _PoolFP8:
         self.base_n, self.base_w = base_n.to(device), base_w.to(device)
         self.pool = torch.zeros(0, dtype=torch.uint8, device=device)
         self.used = 0
+        self.cuda = _cuda_codec() if torch.device(device).type == "cuda" else None
         self.modes = torch.zeros(3, dtype=torch.int64)  # groups in narrow / wide / raw mode, over every block stored
         self.raw_blocks = 0  # blocks stored as their codes (the tile would not be smaller)
         self.blocks = 0
@@ -57,8 +75,8 @@ class _PoolFP8:
         enc = encode_blocks_fp8(blocks, self.base_n[heads], self.base_w[heads], g)
         data, entries = pack_blocks(enc, blocks, start=self.used)
         need = self.used + data.numel()
-        if need > self.pool.numel():
-            grown = torch.zeros(-(-need // POOL_PAGE) * POOL_PAGE, dtype=torch.uint8, device=self.pool.device)
+        if need + GUARD > self.pool.numel():
+            grown = torch.zeros(-(-(need + GUARD) // POOL_PAGE) * POOL_PAGE, dtype=torch.uint8, device=self.pool.device)
             grown[: self.used] = self.pool[: self.used]
             self.pool = grown
         self.pool[self.used : need] = data
@@ -73,6 +91,8 @@ class _PoolFP8:
         g = self.geometry
         if entries.numel() == 0:
             return torch.empty(0, g.block_size, g.head_dim, dtype=torch.uint8, device=self.pool.device)
+        if self.cuda is not None:  # the whole pool: GUARD readable bytes follow the last block
+            return self.cuda.decode_pool_fp8_cuda(self.pool, entries, self.base_n[heads], self.base_w[heads], g)
         try:
             return decode_pool_fp8(self.pool[: self.used], entries, self.base_n[heads], self.base_w[heads], g)
         except ValueError as err:
@@ -116,11 +136,11 @@ class GAACFP8Layer(_BlockedLayer):
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         b, h, _, d = key_states.shape
         dev = key_states.device
-        if dev.type != "cpu":
+        if dev.type != "cpu" and os.environ.get("GAAC_FP8_CUDA") != "1":
             raise NotImplementedError(
-                f"GAACCache(kv_dtype={self.kv_dtype!r}) runs on the CPU only for now: there is no CUDA codec or attention "
-                "kernel for FP8 tiles yet (issue 18). On the GPU use gaac_hf.cache.fp8_baseline.FP8DynamicCache (FP8 "
-                "without GAAC) or kv_dtype='bf16'.")
+                f"GAACCache(kv_dtype={self.kv_dtype!r}) on {dev.type}: the path is built (reference encoder on the "
+                "device, FP8 CUDA decoder) but has not run on a GPU yet (issue 18); set GAAC_FP8_CUDA=1 to try it. "
+                "Otherwise use gaac_hf.cache.fp8_baseline.FP8DynamicCache (FP8 without GAAC) or kv_dtype='bf16'.")
         if d != self.geometry.head_dim:
             raise ValueError(f"layer {self.layer_idx}: KV head_dim {d} does not match the FP8 table's {self.geometry.head_dim}")
         if h != self._table.num_kv_heads:

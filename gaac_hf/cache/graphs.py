@@ -68,6 +68,9 @@ class DecodeGraphState:
             why = None
             if layer.format_version != 3:
                 why = f"format_version {layer.format_version} (graph mode is built on format v3)"
+            elif layer._wants_full_kv():
+                why = ("the model's attention is not gaac_hf's (set attn_implementation='gaac' after gaac_hf.register(), "
+                       "and leave return_full_kv unset)")
             elif layer.checksums:
                 why = "checksums=True (their host-side records are not graph-capturable)"
             elif (layer.num_blocks, layer.tail_len) != (first.num_blocks, first.tail_len):
