@@ -281,7 +281,7 @@ def test_fused_decode_through_the_engine_gives_the_bf16_engines_tokens(smollm2, 
     bf16 = bf16_serving_config(model, blocks * c.num_hidden_layers * 2 * 64 * c.num_key_value_heads * c.head_dim * 2, **kw)
     ref = model.generate_batch(inputs=ids, generation_config=gen, progress_bar=False, continuous_batching_config=bf16)
     calls = []
-    monkeypatch.setattr(serving_mod, "_fused_group", lambda *a: 3)
+    monkeypatch.setattr(serving_mod, "_fused_group", lambda *a, **k: 3)
     monkeypatch.setattr(attention, "decode_attention", _reference_decode_attention(calls))
     real_paged_kv = pages.PageStore.paged_kv
 
