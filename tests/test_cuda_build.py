@@ -104,6 +104,19 @@ def test_launch_config_defaults_fit_shared_memory():
 FUSED_CONFIGS = [(64, 3), (128, 4), (256, 4), (128, 16)]  # (head_dim, query heads per kv head): the tuned shapes + two n-tiles
 
 
+def _assert_fused_builds_without_spills(tmp_path, p: dict) -> None:
+    """nvcc sm_90a of the fused kernel at plan ``p``: builds, one kernel, within the register cap of the
+    planned CTAs per SM, no spills or local memory."""
+    from gaac_hf.kernels.cuda import fused_attention as F
+
+    out = tmp_path / "k.cubin"
+    res = subprocess.run(runtime.nvcc_command(F.SOURCE, p["defines"], "sm_90a", str(out)), capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    report = runtime.parse_ptxas(res.stdout + res.stderr)
+    assert set(report) == {"gaac_v3_decode_split"}
+    assert runtime.resource_problems(report, 65536 // (p["threads"] * p["defines"]["MIN_CTAS_PER_SM"])) == []
+
+
 @pytest.mark.parametrize("d,g", FUSED_CONFIGS)
 def test_fused_kernel_compiles_without_spills(tmp_path, monkeypatch, d, g):
     """At the CTAs-per-SM the planner picks for a one-wave grid (that sets the register cap)."""
@@ -112,12 +125,7 @@ def test_fused_kernel_compiles_without_spills(tmp_path, monkeypatch, d, g):
 
     monkeypatch.setattr(A, "_sm_count", lambda device: 132)
     p = F.plan(8 if d < 256 else 1, 1, g, 64, d, 32768 + 64, None, LaunchConfig())
-    out = tmp_path / "k.cubin"
-    res = subprocess.run(runtime.nvcc_command(F.SOURCE, p["defines"], "sm_90a", str(out)), capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr[-3000:]
-    report = runtime.parse_ptxas(res.stdout + res.stderr)
-    assert set(report) == {"gaac_v3_decode_split"}
-    assert runtime.resource_problems(report, 65536 // (p["threads"] * p["defines"]["MIN_CTAS_PER_SM"])) == []
+    _assert_fused_builds_without_spills(tmp_path, p)
 
 
 @pytest.mark.parametrize("d,pseg,kinds", [(64, 1, 2), (128, 1, 2), (128, 2, 2), (256, 2, 2), (64, 1, 1), (128, 2, 1),
@@ -190,12 +198,7 @@ def test_fix_lag_compiles_without_spills(tmp_path, monkeypatch, d, g):
     p = F.plan(8 if d < 256 else 1, 1, g, 64, d, 32768 + 64, None, LaunchConfig(fix_lag=1))
     assert p["defines"]["FIX_LAG"] == 1 and p["defines"]["DEC_STAGES"] == p["defines"]["DEC_K_STAGES"] == 3
     assert p["defines"]["STAGES"] >= 3
-    out = tmp_path / "k.cubin"
-    res = subprocess.run(runtime.nvcc_command(F.SOURCE, p["defines"], "sm_90a", str(out)), capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr[-3000:]
-    report = runtime.parse_ptxas(res.stdout + res.stderr)
-    assert set(report) == {"gaac_v3_decode_split"}
-    assert runtime.resource_problems(report, 65536 // (p["threads"] * p["defines"]["MIN_CTAS_PER_SM"])) == []
+    _assert_fused_builds_without_spills(tmp_path, p)
 
 
 def test_fix_lag_planner_rules():
