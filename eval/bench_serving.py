@@ -21,6 +21,8 @@ exactly (``twin.same_tokens_as_gaac``); its tokens/s isolates what reading GAAC 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
 import statistics
 import sys
@@ -100,6 +102,22 @@ def _run(model, ids, gen, cb_config):
                      ttft_median_s=statistics.median(ttft) if ttft else None)
 
 
+def _digests(outputs):
+    """request id -> sha256 of its generated token ids (lets a later process compare tokens without storing them)."""
+    return {str(r): hashlib.sha256(str(list(o.generated_tokens)).encode()).hexdigest()[:16]
+            for r, o in sorted(outputs.items(), key=lambda kv: str(kv[0]))}
+
+
+def _earlier_bf16(path, result):
+    """budget bytes -> BF16 engine row of an earlier run with the same prompts, limits and output length."""
+    with open(path) as f:
+        old = json.load(f)
+    for key in ("model", "prompt_tokens", "new_tokens", "limits"):
+        if old.get(key) != result[key]:
+            raise SystemExit(f"--bf16-from {path}: its {key} ({old.get(key)!r}) differs from this run's ({result[key]!r})")
+    return {row["budget_bytes"]: row["bf16"] for row in old["rows"] if "bf16" in row}
+
+
 def _progress(out, result, label, stats):
     """Write what has been measured so far (a run cut by a time limit keeps its finished engines)."""
     harness.write_result(out, dict(result, partial=True))
@@ -128,6 +146,10 @@ def main(argv=None):
                     help="leave out the twin run (BF16 engine with GAAC's block count). With --fused-decode on a GPU "
                          "the twin is not a bit-identity check anyway (transformers' attention and the fused kernel "
                          "add in other orders; tests/test_serving_gpu.py checks the fused path against its BF16 twin)")
+    ap.add_argument("--bf16-from", default=None,
+                    help="take the BF16 engine's rows from this earlier result of the same arguments (prompt lengths "
+                         "are checked) instead of running it again; tokens are compared through the digests it stored, "
+                         "where it has them")
     args = ap.parse_args(argv)
     if args.fused_decode and args.decoded_pages:
         ap.error("--fused-decode and --decoded-pages exclude each other")
@@ -143,12 +165,17 @@ def main(argv=None):
     result = dict(harness.provenance(argv=sys.argv), model=args.model, device=args.device, requests=args.requests,
                   fused_decode={True: "on", False: "off", None: "default"}[fused],
                   prompt_tokens=[len(x) for x in ids], new_tokens=args.new_tokens, limits=limits, rows=[])
+    earlier = _earlier_bf16(args.bf16_from, result) if args.bf16_from else {}
     for gb in (float(x) for x in args.budgets_gb.split(",")):
         budget = int(gb * (1 << 30))
         row = dict(budget_bytes=budget)
         bf16_cfg = bf16_serving_config(model, budget, **limits)
         result["rows"].append(row)
-        ref, row["bf16"] = _run(model, ids, gen, bf16_cfg)
+        if budget in earlier:
+            ref, row["bf16"] = None, dict(earlier[budget], from_file=args.bf16_from)
+        else:
+            ref, row["bf16"] = _run(model, ids, gen, bf16_cfg)
+            row["bf16"]["token_digests"] = _digests(ref)
         row["bf16"]["blocks"] = bf16_cfg.num_blocks
         _progress(args.out, result, f"{gb:g} GiB bf16", row["bf16"])
         with gaac_serving(model, calibration, kv_budget_bytes=budget, fused_decode=fused, **limits) as serving:
@@ -160,7 +187,12 @@ def main(argv=None):
         page = serving.page_size
         row["gaac"].update(blocks=st["gaac_blocks"], preemptions=st["preemptions"], overflow_blocks=st["overflow_blocks"],
                            open_pages=serving.open_pages, pool=st)
-        row["gaac"]["same_tokens"] = all(out[r].generated_tokens == ref[r].generated_tokens for r in ref)
+        row["gaac"]["token_digests"] = _digests(out)
+        if ref is not None:
+            row["gaac"]["same_tokens"] = all(out[r].generated_tokens == ref[r].generated_tokens for r in ref)
+        else:  # BF16 row from an earlier process: compare the digests it stored (None where it stored none)
+            old = row["bf16"].get("token_digests")
+            row["gaac"]["same_tokens"] = None if old is None else old == row["gaac"]["token_digests"]
         for kind in ("bf16", "gaac"):
             row[kind]["kv_bytes_per_token"] = budget / (row[kind]["blocks"] * page)
         row["concurrency_gain"] = row["gaac"]["max_concurrent"] / max(row["bf16"]["max_concurrent"], 1)
