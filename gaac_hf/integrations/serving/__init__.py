@@ -171,7 +171,7 @@ def gaac_serving(model, calibration, *, kv_budget_bytes: int | None = None, num_
         fused_decode: run decode steps (every request adds one token) through the fused v3 CUDA kernel,
             which reads the compressed pages directly (:mod:`.attention`; needs the ``cuda`` extra on Hopper
             and ``page_size`` = the v3 block size). None (default): wherever the kernel can run (on the
-            H200 1.31x the BF16 engine's output tokens/s at 8 GiB, ``eval/results/serving_h200.json``);
+            H200 1.31-1.38x the BF16 engine's output tokens/s at 8 / 16 GiB, ``eval/results/serving_h200.json``);
             on a GPU where it cannot, says why once and reads decoded pages (on the CPU, where no fused
             kernel exists, silently so). True: as None, but says why on any device. False: decoded pages.
         overrides: other ContinuousBatchingConfig fields (``page_size``, ``max_batch_tokens``, ...).
