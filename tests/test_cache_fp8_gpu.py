@@ -1,6 +1,5 @@
-"""FP8 GAACCache on CUDA (marker gpu; the path is switched on by GAAC_FP8_CUDA=1 until this file has passed
-on the H200): generation is bit-identical (tokens and logits) to the FP8 cache without GAAC on the same
-device, and the stored codes decode (FP8 CUDA decoder) to the baseline's codes, for E4M3 and E5M2.
+"""FP8 GAACCache on CUDA (marker gpu; passed on the H200 in session 13, call N2): generation is
+bit-identical (tokens and logits) to the FP8 cache without GAAC on the same device, and the stored codes decode (FP8 CUDA decoder) to the baseline's codes, for E4M3 and E5M2.
 Random-weight tiny Llama and the synthetic tables of tests/test_cache_fp8.py.
 """
 from __future__ import annotations
@@ -14,11 +13,6 @@ from gaac_hf import GAACCache
 from gaac_hf.cache import FP8DynamicCache
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
-
-
-@pytest.fixture(autouse=True)
-def _switched_on(monkeypatch):
-    monkeypatch.setenv("GAAC_FP8_CUDA", "1")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -17,16 +17,14 @@ baseline returns, with the codes stored by earlier steps decoded from the pool a
 codes taken from its input (as :class:`~gaac_hf.cache.GAACLayer` does: a prefill decodes nothing). Any attention function works (the registered ``gaac`` attention sees ordinary
 tensors and runs SDPA). There is no attention over compressed FP8 tiles yet. On a CUDA device the
 layer stores with the reference codec (PyTorch ops on the device) and decodes with the FP8 CUDA decoder
-(``kernels/cuda/codec_fp8.py``) where it loads; that path is built but has not run on a GPU yet, so it
-is refused (NotImplementedError) unless ``GAAC_FP8_CUDA=1`` is set (``tests/test_cache_fp8_gpu.py``
-sets it; the next GPU session runs it, then the switch goes).
+(``kernels/cuda/codec_fp8.py``) where it loads (bit-identical generation to the FP8 baseline on the
+H200: ``tests/test_cache_fp8_gpu.py``, session 13).
 
 Crop, beam reorder and batch selection re-index the tables and the tail; blocks no row references any
 more stay in the pool until the cache is dropped (they are counted in ``allocated_bytes``).
 """
 from __future__ import annotations
 
-import os
 
 import torch
 
@@ -136,11 +134,6 @@ class GAACFP8Layer(_BlockedLayer):
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         b, h, _, d = key_states.shape
         dev = key_states.device
-        if dev.type != "cpu" and os.environ.get("GAAC_FP8_CUDA") != "1":
-            raise NotImplementedError(
-                f"GAACCache(kv_dtype={self.kv_dtype!r}) on {dev.type}: the path is built (reference encoder on the "
-                "device, FP8 CUDA decoder) but has not run on a GPU yet (issue 18); set GAAC_FP8_CUDA=1 to try it. "
-                "Otherwise use gaac_hf.cache.fp8_baseline.FP8DynamicCache (FP8 without GAAC) or kv_dtype='bf16'.")
         if d != self.geometry.head_dim:
             raise ValueError(f"layer {self.layer_idx}: KV head_dim {d} does not match the FP8 table's {self.geometry.head_dim}")
         if h != self._table.num_kv_heads:
