@@ -140,9 +140,7 @@ class LaunchConfig:
     decoded_k_slots: the fused CUDA kernel: slots of each consumer's decoded K ring (2, or 1: the
     consumer frees K once S is computed, so the ring takes less shared memory and more CTAs fit).
     decoded_slots: the fused CUDA kernel: slots of each consumer's decoded V ring (and of K's unless
-    decoded_k_slots is 1); 2 by default, 3 with fix_lag.
-    fix_lag: the fused CUDA kernel, experiment (FIX_LAG): 1 = software-pipelined producers (the fix-up of
-    tile it runs after the main path of tile it + 1; the same decoded rows). Not the default: unmeasured.
+    decoded_k_slots is 1); 2 by default.
     """
 
     num_splits: int | None = None
@@ -156,7 +154,6 @@ class LaunchConfig:
     producer_kinds: int | None = None
     decoded_k_slots: int | None = None
     decoded_slots: int | None = None
-    fix_lag: int | None = None
 
 
 DEFAULT_LAUNCH = LaunchConfig()

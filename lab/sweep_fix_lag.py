@@ -1,4 +1,5 @@
-"""FIX_LAG (software-pipelined producers) against the default, timed in one process (lab only; session 12).
+"""(Historical: the FIX_LAG variant this sweeps was removed after call N1, session 13; it runs at 443f250.)
+FIX_LAG (software-pipelined producers) against the default, timed in one process (lab only; session 12).
 
     python lab/sweep_fix_lag.py --out $OUT/sweep_fix_lag.json [--cases qwen3-8b:1:65536,...] [--rounds 2]
 

@@ -184,35 +184,15 @@ def test_one_slot_k_ring_fits_four_ctas_without_spills(tmp_path, d, g):
     assert runtime.resource_problems(report, 65536 // (threads * 4)) == [], report
 
 
-# FIX_LAG (experiment: software-pipelined producers) at the planner's launch for a one-wave grid
-FIX_LAG_CONFIGS = [(64, 3), (128, 4), (256, 4), (128, 8), (128, 16), (64, 16)]
-
-
-@pytest.mark.parametrize("d,g", FIX_LAG_CONFIGS)
-def test_fix_lag_compiles_without_spills(tmp_path, monkeypatch, d, g):
-    """fix_lag=1 at the CTAs per SM the planner picks (its register table _REGS_NEEDED_FIX_LAG sets the cap)."""
-    from gaac_hf.kernels.cuda import attention as A
-    from gaac_hf.kernels.cuda import fused_attention as F
-
-    monkeypatch.setattr(A, "_sm_count", lambda device: 132)
-    p = F.plan(8 if d < 256 else 1, 1, g, 64, d, 32768 + 64, None, LaunchConfig(fix_lag=1))
-    assert p["defines"]["FIX_LAG"] == 1 and p["defines"]["DEC_STAGES"] == p["defines"]["DEC_K_STAGES"] == 3
-    assert p["defines"]["STAGES"] >= 3
-    _assert_fused_builds_without_spills(tmp_path, p)
-
-
-def test_fix_lag_planner_rules():
-    """fix_lag: absent from the default's defines (its cache key and cubin unchanged), needs one producer
-    per kind and a K ring as deep as the V ring; 2 decoded slots allowed (one CTA more at d=128)."""
+def test_decoded_slots_planner_rules():
+    """decoded_slots: 2 by default (K ring of one slot at d=128), 3 deepens both rings; others refused."""
     from gaac_hf.kernels.cuda import fused_attention as F
 
     base = F.plan(1, 8, 4, 64, 128, 65536 + 64, None, LaunchConfig(num_splits=8))["defines"]
-    assert "FIX_LAG" not in base and base["DEC_STAGES"] == 2 and base["DEC_K_STAGES"] == 1
-    two = F.plan(1, 8, 4, 64, 128, 65536 + 64, None, LaunchConfig(num_splits=8, fix_lag=1, decoded_slots=2))["defines"]
-    assert two["FIX_LAG"] == 1 and two["DEC_STAGES"] == two["DEC_K_STAGES"] == 2 and two["STAGES"] >= 3
-    with pytest.raises(ValueError, match="one producer per kind"):
-        F.plan(1, 8, 4, 64, 128, 4096, None, LaunchConfig(num_splits=8, fix_lag=1, producer_kinds=2))
+    assert base["DEC_STAGES"] == 2 and base["DEC_K_STAGES"] == 1
+    three = F.plan(1, 8, 4, 64, 128, 65536 + 64, None, LaunchConfig(num_splits=8, decoded_slots=3))["defines"]
+    assert three["DEC_STAGES"] == three["DEC_K_STAGES"] == 3
+    with pytest.raises(ValueError, match="decoded_slots must be"):
+        F.plan(1, 8, 4, 64, 128, 4096, None, LaunchConfig(num_splits=8, decoded_slots=5))
     with pytest.raises(ValueError, match="decoded_k_slots"):
-        F.plan(1, 8, 4, 64, 128, 4096, None, LaunchConfig(num_splits=8, fix_lag=1, decoded_k_slots=1))
-    with pytest.raises(ValueError, match="fix_lag must be"):
-        F.plan(1, 8, 4, 64, 128, 4096, None, LaunchConfig(num_splits=8, fix_lag=2))
+        F.plan(1, 8, 4, 64, 128, 4096, None, LaunchConfig(num_splits=8, decoded_slots=3, decoded_k_slots=2))

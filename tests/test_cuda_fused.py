@@ -148,11 +148,11 @@ def test_one_slot_k_ring_bit_identical(B, HQ, HKV, D, T, lens, kinds):
 
 
 @pytest.mark.parametrize("B,HQ,HKV,D,T,lens", CASES)
-def test_fix_lag_bit_identical(B, HQ, HKV, D, T, lens):
-    """fix_lag=1 (FIX_LAG, software-pipelined producers: the fix-up of tile it after the main path of tile
-    it + 1) schedules the decode differently but writes the same rows, so the output bits must not change:
-    at 3 decoded slots (the variant's default) and at 2, at 1 and 3 splits, and with windows moved up so
-    that entry lists leave the staged window and take several 32-entry steps. A deadlock shows as a hang."""
+def test_decoded_slots_bit_identical(B, HQ, HKV, D, T, lens):
+    """decoded_slots=3 (a deeper decoded ring: producers run further ahead of the consumer) writes the same
+    rows, so the output bits must not change: at 1 and 3 splits, and with windows moved up so that entry
+    lists leave the staged window and take several 32-entry steps. (It replaces session 12's tests of the
+    software-pipelined producers, measured slower and removed; call N1's sweep checked this launch's bits.)"""
     S = max(max(lens), 1)
     k = synthetic_kv((B, HKV, S, D), "k", 23).to(DEV)
     v = synthetic_kv((B, HKV, S, D), "v", 24).to(DEV)
@@ -162,44 +162,12 @@ def test_fix_lag_bit_identical(B, HQ, HKV, D, T, lens):
         b = bases.clone()
         b[:, 0] = (b[:, 0].int() + shift).clamp(max=248).to(torch.uint8)
         kv = pack_paged_v3(k, v, lens, T, b)
-        for splits, dec in ((1, None), (3, None), (3, 2)):
-            cfg = LaunchConfig(num_splits=splits, num_warps=2, fix_lag=1, decoded_slots=dec)
-            out = _check_both(q, k, v, kv, lens, T, cfg)
+        for splits in (1, 3):
+            out = _check_both(q, k, v, kv, lens, T, LaunchConfig(num_splits=splits, num_warps=2, decoded_slots=3))
     if max(lens):
         assert _rel_err(out, attention_reference(q, k, v, lens)) < 1e-2
     else:
         assert torch.equal(out, torch.zeros_like(out))
-
-
-@pytest.mark.parametrize("B,HQ,HKV,D,T,lens", [CASES[0], CASES[2], CASES[3]])
-def test_fix_lag_planner_launch_bit_identical(B, HQ, HKV, D, T, lens):
-    """fix_lag=1 at the planner's own launch (stages, CTAs per SM and so the register cap, splits)."""
-    from gaac_hf.kernels.cuda.fused_attention import plan
-
-    k = synthetic_kv((B, HKV, max(lens), D), "k", 25).to(DEV)
-    v = synthetic_kv((B, HKV, max(lens), D), "v", 26).to(DEV)
-    q = torch.randn(B, HQ, D, generator=torch.Generator().manual_seed(25)).to(torch.bfloat16).to(DEV)
-    kv = pack_paged_v3(k, v, lens, T, _bases(k, v))
-    p = plan(B, HKV, HQ // HKV, T, D, kv.k.table.shape[2] * T + T, DEV, LaunchConfig(fix_lag=1))
-    assert p["defines"]["FIX_LAG"] == 1
-    out = _fused(q, kv, LaunchConfig(fix_lag=1))
-    _same_bits(out, _twin(q, k, v, lens, T, LaunchConfig(num_splits=p["splits"], num_warps=p["warps"])))
-    assert _rel_err(out, attention_reference(q, k, v, lens)) < 1e-2
-
-
-@pytest.mark.parametrize("D", [64, 128, 256])
-def test_fix_lag_adversarial_and_left_padding(D):
-    """fix_lag=1 on the adversarial blocks (BF16-stored blocks, raw groups, NaN/Inf) and with left
-    padding (masked V rows after the lagged fix-up): bit-identical to the twin."""
-    x, bases, H = _adversarial_cache(D)
-    k = x.to(DEV)
-    v = x.flip(1).contiguous().to(DEV)
-    kv = pack_paged_v3(k, v, [k.shape[2]], 64, bases.to(DEV))
-    q = (torch.randn(1, 2 * H, D, generator=torch.Generator().manual_seed(D)) * 0.01).to(torch.bfloat16).to(DEV)
-    for splits in (1, 2):
-        _check_both(q, k, v, kv, [k.shape[2]], 64, LaunchConfig(num_splits=splits, num_warps=2, fix_lag=1))
-    ks = torch.tensor([5], dtype=torch.int32, device=DEV)
-    _check_both(q, k, v, kv, [k.shape[2]], 64, LaunchConfig(num_splits=2, num_warps=2, fix_lag=1), kv_start=ks)
 
 
 @pytest.mark.parametrize("shift", [2, 4])

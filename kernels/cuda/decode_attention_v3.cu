@@ -29,13 +29,8 @@
 // more CTA per SM), PROD_SEGS (segments per producer, 1 or 2),
 // KIND_SPLIT (0 or 1, above), ENTRY_CHUNKS (16-byte chunks of entry list staged per producer, kind
 // and stage; longer lists are read from global memory), MIN_CTAS_PER_SM; lab instruments PROF, PROBE.
-// FIX_LAG (0, default: today's kernel; 1: experiment, lab/cuda-decode-notebook.md "Prepared in session 12"):
-// software-pipelined producers: iteration it loads the first fix-up step of tile it (segment words, entries,
-// pair constants, the rows to fix), then runs the main path of tile it + 1, then finishes the fix-up of tile
-// it and arrives on its `full` barrier: two tiles' independent chains in one warp, the fix-up's shared-memory
-// round trips overlapping the next main path. Needs one producer per kind (KIND_SPLIT 1) and DEC_K_STAGES ==
-// DEC_STAGES (a producer holds two decoded buffers at once: 3 slots keep it a tile clear of the consumer);
-// the decoded rows are the same, so the consumer's arithmetic and the output bits are too.
+// Tried and removed: software-pipelined producers (a tile's fix-up after the next tile's main path), 5-10%
+// slower than this loop at equal shared memory and occupancy (lab/cuda-decode-notebook.md, session 13).
 
 // core.cuh first: it has a constant named GROUP (8 channels), so the query-group size arrives as
 // QUERY_GROUP and becomes attend.cuh's GROUP only after it.
@@ -79,9 +74,6 @@
 #endif
 #ifndef KIND_SPLIT  // 1: a producer warp decodes one kind (K or V) of its segments, 0: both
 #define KIND_SPLIT 0
-#endif
-#ifndef FIX_LAG  // 1: a producer's fix-up of tile it runs after the main path of tile it + 1 (above)
-#define FIX_LAG 0
 #endif
 #ifndef ENTRY_CHUNKS  // 16-byte chunks of entry list staged per producer, kind and stage (32 entries per segment)
 #define ENTRY_CHUNKS (4 * PSEG + 1)
@@ -129,10 +121,6 @@ static_assert(T >= 16 && (T & (T - 1)) == 0, "PAGE must be a power of two >= 16 
 static_assert(DS >= 2, "DEC_STAGES must be >= 2");
 static_assert(KDS == 1 || KDS == DS, "DEC_K_STAGES must be 1 or DEC_STAGES");
 static_assert(32 % COLS == 0, "a lane's chunk column must be the same in every segment");
-#if FIX_LAG
-static_assert(KIND_SPLIT == 1, "FIX_LAG needs one producer per kind (KIND_SPLIT 1)");
-static_assert(KDS == DS, "FIX_LAG needs DEC_K_STAGES == DEC_STAGES (a producer holds two decoded buffers)");
-#endif
 
 constexpr i64 TAIL = -1;  // "block" of the rows past the complete blocks: the BF16 tail
 
@@ -251,10 +239,6 @@ __device__ __forceinline__ void decode_fix(u16* dec, const u8* slot, const u8* b
     rbase += __popc(bal);
   }
 }
-
-#if FIX_LAG
-#include "gaac_v3/fix_lag.cuh"  // decode_fix in two halves (fix_begin / fix_finish)
-#endif
 
 // A producer's rows [q * PROWS, (q + 1) * PROWS) of 16 BF16 rows from global memory (a BF16-stored
 // block or the tail; src = row 0 of the 16); rows outside [lo, hi) become zeros.
@@ -455,61 +439,6 @@ gaac_v3_decode_split(const u16* __restrict__ q,          // [B, Hkv*G, D]
       main_issue(m);
       cp_async_commit();
     }
-#if FIX_LAG
-    // Software-pipelined producer (FIX_LAG): iteration it (from -1) = the first fix-up step's loads of tile
-    // it, the main path of tile nx = it + 1, the rest of tile it's fix-up, `full` of tile it, then the
-    // copies of tile it + S into the slot tile it's fix-up has just released. The copy groups and look-up
-    // rings advance as in the loop below with issue index nx (so every wait is the same cp_async_wait<S - 2>),
-    // but the slot of a tile stays in use one iteration longer: the copies lead by S - 2 iterations.
-    {
-#ifdef PROF
-#error "PROF counters are not implemented for FIX_LAG"
-#endif
-      const int kind = doK ? 0 : 1;  // one producer per kind (static_assert above)
-      const u8* pool = kind ? v_pool : k_pool;
-      const u16* tailp = kind ? vtail : ktail;
-      const u32* dbk = dbp_s + kind * (D / 2);
-      u32 b8[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) b8[i] = kind ? vb8[i] : kb8[i];
-      auto dbuf = [&](int m) { return kind ? vbuf(m % DS, c) : kbuf(m % DS, c); };
-      for (int it = -1; it < n_tiles; ++it) {
-        const int nx = it + 1;
-        if (nx < n_tiles) cp_async_wait<S - 2>();
-        __syncwarp();  // stage nx landed; tile it's main-path rows (last iteration) visible to every lane
-        FixState f;
-        const i64 e = it >= 0 ? ent_r[it % R][pi][kind] : TAIL;
-        const bool fix = !(PROBE & 1) && compressed(e);  // warp-uniform
-        if (fix) fix_begin(f, dbuf(it), cslot(it, kind), pool + e, seg0(tok_of(it)), qq, dbk, lane);
-        if (nx < n_tiles) {
-          // the buffer it writes is free: the consumer has finished tile nx - DS
-          if (nx >= DS) mbar_wait(empty + (nx % DS) * W + c, ((nx / DS) + 1) & 1);
-          const i64 en = ent_r[nx % R][pi][kind];
-          u16* dn = dbuf(nx);
-          const int tn = tok_of(nx), rn = tn % T;
-          if (PROBE & 1) {
-          } else if (compressed(en)) {
-            decode_main(dn, cslot(nx, kind), qq, b8, lane);
-          } else {
-            direct_rows(dn, en == TAIL ? tailp + rn * D : reinterpret_cast<const u16*>(pool + (en & ~1LL)) + rn * D, qq,
-                        tn, lo, hi, lane);
-          }
-        }
-        if (it >= 0) {
-          if (fix) {
-            fix_finish(f, dbuf(it), cslot(it, kind), pool + e, qq, dbk, lane);
-            if (kind) mask_rows(dbuf(it), qq, tok_of(it), lo, hi, lane);
-          }
-          mbar_arrive(full + (it % DS) * W + c);
-        }
-        __syncwarp();  // every lane is done reading tile it's slot: refill it
-        if (!(PROBE & 2)) main_issue(nx + S - 1);
-        seg_issue(nx + 2 * (S - 1), false);
-        ent_issue(nx + LA, false);
-        cp_async_commit();
-      }
-    }
-#else  // FIX_LAG
 #ifdef PROF
     long long p_cp = 0, p_issue = 0, p_empty = 0, p_dec = 0;
     PROF_T(p_start);
@@ -567,7 +496,6 @@ gaac_v3_decode_split(const u16* __restrict__ q,          // [B, Hkv*G, D]
     const long long pv[5] = {p_cp, p_issue, p_empty, p_dec, p_end - p_start};
     if (lane == 0) prof_add(prof, pv, n_tiles);
 #endif
-#endif  // FIX_LAG
     cp_async_wait<0>();
   }
   __syncthreads();

@@ -87,14 +87,13 @@ def threads_of(d: int, warps: int, pseg: int | None = None, kinds: int | None = 
 
 
 def default_stages(d: int, warps: int, pseg: int | None = None, kinds: int | None = None,
-                   k_slots: int | None = None, group: int = 4, dec_stages: int = 2, fix_lag: int = 0) -> int:
+                   k_slots: int | None = None, group: int = 4, dec_stages: int = 2) -> int:
     """The deepest compressed ring (<= 8) that leaves the most CTAs per SM (4, 3, else 2, else 1) the
     registers allow (:func:`regs_needed` for ``group``): measured on the H200 (lab/cuda-decode-notebook.md,
     calls F2-F8, J1) the kernel's time falls with the number of producer warps per SM and does not
-    change with ring depth beyond 2-3 stages. With ``fix_lag`` a tile's slot is held one iteration longer
-    (the copies lead by stages - 2 tiles), so the ring is one stage deeper (>= 3)."""
-    threads, need = threads_of(d, warps, pseg, kinds), regs_needed(d, group, pseg, kinds, fix_lag)
-    low = 3 if fix_lag else 2
+    change with ring depth beyond 2-3 stages."""
+    threads, need = threads_of(d, warps, pseg, kinds), regs_needed(d, group, pseg, kinds)
+    low = 2
     for ctas in (c for c in (4, 3, 2) if 65536 // (threads * c) >= need):
         # at 4 CTAs a deeper ring costs (call K1, SmolLM2 d=64 B=1 64K: 2 stages 38.0 us, 3: 38.4, 6: 42.3)
         for s in range(low if ctas == 4 else 8, low - 1, -1):
@@ -107,10 +106,9 @@ def default_stages(d: int, warps: int, pseg: int | None = None, kinds: int | Non
 
 
 def max_ctas_per_sm(d: int, warps: int, stages: int, group: int, pseg: int | None = None,
-                    kinds: int | None = None, k_slots: int | None = None, dec_stages: int = 2,
-                    fix_lag: int = 0) -> int:
+                    kinds: int | None = None, k_slots: int | None = None, dec_stages: int = 2) -> int:
     """Most resident CTAs per SM that shared memory and the kernel's registers allow."""
-    need = regs_needed(d, group, pseg, kinds, fix_lag)
+    need = regs_needed(d, group, pseg, kinds)
     threads = threads_of(d, warps, pseg, kinds)
     return max([c for c in range(1, 9) if c * (cta_bytes(d, warps, stages, pseg, kinds, k_slots, dec_stages) + 1024)
                 <= 228 * 1024
@@ -128,18 +126,8 @@ _REGS_NEEDED_G16 = {(64, 1, 2): 136, (128, 1, 2): 160, (128, 2, 2): 160, (256, 1
                     (64, 1, 1): 136, (128, 1, 1): 160, (128, 2, 1): 160, (256, 1, 1): 200, (256, 2, 1): 200}
 
 
-# FIX_LAG (one producer per kind only), keys (head_dim, segments per producer): sm_90a ptxas (nvcc 13.0) at
-# 3 decoded slots, 3 stages, groups 3/4/8 (16): no spills at the 4-CTA cap of 85 at d=64 / 128 (80), at the
-# 3-CTA cap of 113 for d=64 group 16 (95), at 2 CTAs (160) for d=128 group 16, at 1 CTA (152-160) at d=256
-_REGS_NEEDED_FIX_LAG = {(64, 1): 80, (128, 2): 80, (256, 2): 160}
-_REGS_NEEDED_FIX_LAG_G16 = {(64, 1): 95, (128, 2): 160}
-
-
-def regs_needed(d: int, group: int, pseg: int | None = None, kinds: int | None = None, fix_lag: int = 0) -> int:
+def regs_needed(d: int, group: int, pseg: int | None = None, kinds: int | None = None) -> int:
     """Registers per thread the kernel needs for this shape (a CTAs-per-SM choice must leave them)."""
-    if fix_lag:
-        table = _REGS_NEEDED_FIX_LAG if group <= 8 else _REGS_NEEDED_FIX_LAG_G16
-        return table.get((d, segments_per_producer(d, pseg)), 255)
     table = _REGS_NEEDED if group <= 8 else _REGS_NEEDED_G16
     return table.get((d, segments_per_producer(d, pseg), 1 if kinds == 1 else 2), 255)
 DEFAULT_WARPS = 2      # consumer warps (the BF16 twin's warps for bit identity)
@@ -170,22 +158,13 @@ def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, 
     kinds = config.producer_kinds or DEFAULT_PRODUCER_KINDS
     if kinds not in (1, 2):
         raise ValueError(f"producer_kinds must be 1 or 2, got {config.producer_kinds}")
-    fix_lag = config.fix_lag or 0
-    if fix_lag not in (0, 1):
-        raise ValueError(f"fix_lag must be 0 or 1, got {config.fix_lag}")
-    if fix_lag and kinds != 1:
-        raise ValueError("fix_lag=1 needs one producer per kind (producer_kinds=1)")
-    dec = config.decoded_slots or (3 if fix_lag else 2)
+    dec = config.decoded_slots or 2
     if dec not in (2, 3, 4):
         raise ValueError(f"decoded_slots must be 2, 3 or 4, got {config.decoded_slots}")
-    k_slots = config.decoded_k_slots or (dec if fix_lag or dec != 2 else default_k_slots(head_dim))
+    k_slots = config.decoded_k_slots or (dec if dec != 2 else default_k_slots(head_dim))
     if k_slots not in (1, dec):
         raise ValueError(f"decoded_k_slots must be 1 or decoded_slots ({dec}), got {config.decoded_k_slots}")
-    if fix_lag and k_slots != dec:
-        raise ValueError("fix_lag=1 needs decoded_k_slots == decoded_slots (a producer holds two decoded buffers)")
-    stages = config.num_stages or default_stages(head_dim, warps, pseg, kinds, k_slots, group, dec, fix_lag)
-    if fix_lag and stages < 2:
-        raise ValueError(f"fix_lag=1 needs num_stages >= 2, got {stages}")
+    stages = config.num_stages or default_stages(head_dim, warps, pseg, kinds, k_slots, group, dec)
     tile = 16 * warps
     threads = threads_of(head_dim, warps, pseg, kinds)
     smem = smem_bytes(head_dim, warps, stages, dec, pseg=pseg, kinds=kinds, k_slots=k_slots)
@@ -201,8 +180,8 @@ def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, 
             from dataclasses import replace
 
             config = replace(config, ctas_per_sm=max_ctas_per_sm(head_dim, warps, stages, group, pseg, kinds, k_slots,
-                                                                 dec, fix_lag))
-        need = {head_dim: regs_needed(head_dim, group, pseg, kinds, fix_lag)}
+                                                                 dec))
+        need = {head_dim: regs_needed(head_dim, group, pseg, kinds)}
         splits, per_sm = _choose_splits(batch * kv_heads, max_tokens, tile, smem + static, head_dim, device, config,
                                         regs_needed=need, threads=threads)
     tps = math.ceil(math.ceil(max_tokens / splits) / tile) * tile
@@ -214,8 +193,6 @@ def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, 
     defines = dict(HEAD_DIM=head_dim, QUERY_GROUP=group, PAGE=block_size, WARPS=warps, STAGES=stages,
                    DEC_STAGES=dec, DEC_K_STAGES=k_slots, MIN_CTAS_PER_SM=per_sm, ENTRY_CHUNKS=entry_chunks(head_dim, pseg),
                    PROD_SEGS=segments_per_producer(head_dim, pseg), KIND_SPLIT=int(kinds == 1))
-    if fix_lag:  # (absent otherwise: the default's cache key and cubin stay as they were)
-        defines["FIX_LAG"] = 1
     return dict(defines=defines, smem=smem, splits=splits, tokens_per_split=tps, threads=threads, warps=warps)
 
 
