@@ -375,7 +375,7 @@ def profile_cache(name, model, cache, ids, nxt, S, B, dev, ctx, args, gaac: bool
     res["torch_profiler"] = torch_profile(step, args.torch_prof_steps, dev, trace)
     res["sync_debug"] = sync_debug(step, 2, dev)
 
-    def step_crop():  # the first e2e run's step (eval/results/e2e_h200.json): append one token, crop it
+    def step_crop():  # the first e2e run's step (lab/results/e2e_h200_9edc7cc_superseded.json): append one token, crop it
         step()
         cache.crop(-1)
         pos.sub_(1)

@@ -2,8 +2,8 @@
 :func:`cuda_graphs` (``model.generate`` with its decode steps replayed).
 
 Eager decode steps of an 8B model spend more time in Python than on the GPU (36 layers of module calls,
-mask construction, kernel launches: 50-130 ms of wall time per step for 9-36 ms of GPU time on the H200,
-``eval/results/e2e_h200.json``). A captured graph replays the whole step's kernels with one launch.
+mask construction, kernel launches: 28-128 ms of wall time per step for 9-36 ms of GPU time on the H200,
+``eval/results/e2e_h200_graphs_64k.json``). A captured graph replays the whole step's kernels with one launch.
 
 :class:`DecodeGraphs` captures the model's forward over static input buffers (token ids ``[B, 1]``,
 position ids ``[B, 1]``, ``cache_position`` ``[1]``, no attention mask) and replays it. Over a
