@@ -177,11 +177,25 @@ BLOCKED_MUTATIONS = [
 ]
 
 
+# the mutations inside the `#if defined(__AVX512F__)` transpose (an AVX2-only CPU never builds them)
+AVX512_ONLY = {old for old, _ in BLOCKED_MUTATIONS[:2]}
+
+
+def test_avx512_only_mutations_are_inside_the_avx512_block():
+    text = (native.HERE / "gaac_cpu.cpp").read_text()
+    start = text.index("#if defined(__AVX512F__)\n  if (D % 16 == 0)")  # the transpose's block
+    end = text.index("#endif", start)
+    for old in AVX512_ONLY:
+        assert start < text.index(old) < end, old
+    for old, _ in BLOCKED_MUTATIONS[2:]:
+        assert not start < text.index(old) < end, old
+
+
 @pytest.mark.parametrize("old,new", BLOCKED_MUTATIONS)
 def test_mutated_blocked_attention_is_caught(tmp_path, old, new):
     text = (native.HERE / "gaac_cpu.cpp").read_text()
     assert text.count(old) == 1
-    if "_mm512" in old and not _has_flag("avx512f"):
+    if old in AVX512_ONLY and not _has_flag("avx512f"):
         pytest.skip("this CPU has no AVX-512: the library does not build that transpose")
     lib = _build_variant(tmp_path, text.replace(old, new))
     caught = 0
