@@ -25,7 +25,6 @@ more stay in the pool until the cache is dropped (they are counted in ``allocate
 """
 from __future__ import annotations
 
-
 import torch
 
 from ..calibration.fp8 import FP8Table
