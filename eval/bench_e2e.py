@@ -151,17 +151,25 @@ wall_us = harness.wall_us
 
 #: prefill tokens per forward (B x chunk) above which the bench prefills in chunks
 PREFILL_TOKENS = 1 << 18
+#: a chunk after the first gets transformers' dense bool mask [B, 1, chunk, S]: at most this many elements
+#: (B=4 x 64K x 128K would be 34 GB; call A of session 14 also found FA2 refusing the masked chunk)
+PREFILL_MASK_ELEMENTS = 1 << 32
 
 
 def prefill_chunk(B: int, S: int, requested: int = 0) -> int:
     """Prompt tokens per prefill forward: ``requested`` if given, else the whole prompt when B x S <=
-    PREFILL_TOKENS, else the largest multiple of 64 with B x chunk <= PREFILL_TOKENS (B=16 x 32K in one
-    forward needs >12 GiB per MLP activation: call L1 ran out of memory there)."""
+    PREFILL_TOKENS, else the largest multiple of 64 with B x chunk <= PREFILL_TOKENS and B x chunk x S <=
+    PREFILL_MASK_ELEMENTS (B=16 x 32K in one forward needs >12 GiB per MLP activation: call L1 ran out of
+    memory there)."""
     if requested:
         return min(requested, S)
     if B * S <= PREFILL_TOKENS:
         return S
-    return max(64, (PREFILL_TOKENS // B) // 64 * 64)
+    return max(64, min(PREFILL_TOKENS // B, PREFILL_MASK_ELEMENTS // (B * S)) // 64 * 64)
+
+
+class _Skipped(Exception):
+    """A baseline left out on request (recorded in the row)."""
 
 
 def run_case(model, table, B, S, dev, args):
@@ -236,13 +244,19 @@ def run_case(model, table, B, S, dev, args):
     flash = lambda: sdpa_kernel(SDPBackend.FLASH_ATTENTION)  # noqa: E731
     cudnn = lambda: sdpa_kernel(SDPBackend.CUDNN_ATTENTION)  # noqa: E731
     extra = args.steps + args.prof_steps + 8
+    # a chunk after the first carries a mask, which FA2 refuses: those prefills may also take the
+    # memory-efficient kernel (the BF16 and GAAC prefills run under the same choice)
+    prefill_ctx = flash if chunk >= S else (lambda: sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]))
+    row["prefill_backends"] = "flash" if chunk >= S else "flash+efficient"
 
     # ---- BF16 baselines: DynamicCache (appends by torch.cat: copies the history every step) and
     # StaticCache (preallocated, writes in place: isolates what compression itself buys) ----
     model.set_attn_implementation("sdpa")
     cache = None
     try:  # a BF16 cache that does not fit is reported and the row goes on (GAAC may still fit)
-        with flash():
+        if args.skip_dynamic:
+            raise _Skipped
+        with prefill_ctx():
             prefill(DynamicCache(config=model.config))  # warm-up
             samples = []
             for _ in range(args.prefill_reps - 1):  # extra samples (median), then the one whose cache is kept
@@ -255,17 +269,22 @@ def run_case(model, table, B, S, dev, args):
             time_steps(name, cache, ctx)
     except torch.OutOfMemoryError as e:
         row["oom_dynamic"] = str(e)[:200]
+    except _Skipped:
+        row["skipped_dynamic"] = "--skip-dynamic (the issue's baseline is the in-place static cache)"
     cache = None
     torch.cuda.empty_cache() if dev.type == "cuda" else None
-    for name, ctx in (("static_fa2", flash), ("static_cudnn", cudnn)) if not args.prefill_only else ():
+    # one prefill serves both in-place static rows (each appends its own steps: room for two runs)
+    statics = (("static_fa2", flash), ("static_cudnn", cudnn)) if not args.prefill_only else ()
+    if statics:
         try:
             with inplace_static_sdpa():
-                cache = StaticCache(config=model.config, max_cache_len=S + extra)
-                with flash():
+                cache = StaticCache(config=model.config, max_cache_len=S + 2 * extra)
+                with prefill_ctx():
                     prefill(cache)
-                time_steps(name, cache, ctx)
+                for name, ctx in statics:
+                    time_steps(name, cache, ctx)
         except torch.OutOfMemoryError as e:
-            row[f"oom_{name}"] = str(e)[:200]
+            row["oom_static"] = str(e)[:200]
         cache = None
         torch.cuda.empty_cache() if dev.type == "cuda" else None
     if args.graphs and not args.prefill_only:
@@ -275,7 +294,7 @@ def run_case(model, table, B, S, dev, args):
         try:
             with inplace_static_sdpa():
                 cache = StaticCache(config=model.config, max_cache_len=S + 2 * 64 + 8 + 4 * extra)
-                with flash():
+                with prefill_ctx():
                     prefill(cache)
             time_graph_steps("static_stock_graph", cache, seq_length=S)
         except torch.OutOfMemoryError as e:
@@ -289,7 +308,7 @@ def run_case(model, table, B, S, dev, args):
     gaac_hf.register()
     model.set_attn_implementation("gaac")
     try:
-        with flash():
+        with prefill_ctx():
             warm = gaac_hf.GAACCache(model.config, calibration=table, fused=args.fused, format_version=args.format_version)
             prefill(warm)
             del warm
@@ -347,6 +366,8 @@ def main(argv=None):
     p.add_argument("--prefill-reps", type=int, default=3, help="prefills timed per cache kind (median reported)")
     p.add_argument("--prefill-chunk", type=int, default=0,
                    help="prompt tokens per prefill forward (0: whole prompt up to 2^18 batch tokens, else chunks)")
+    p.add_argument("--skip-dynamic", action="store_true",
+                   help="leave out the DynamicCache rows (copies the history each step; slow at B x S >= 512K)")
     p.add_argument("--fused", default="true", choices=("true", "false", "auto"),
                    help="GAACCache(fused=...) for the GAAC rows (e2e_h200_auto.json ran with auto)")
     p.add_argument("--format-version", type=int, default=None, choices=(2, 3),
@@ -402,7 +423,8 @@ def main(argv=None):
             print(f"{r['batch']:>2} {r['context']:>6} prefill bf16 {r['prefill_s_bf16']:.4f} s  gaac {r['prefill_s_gaac']:.4f} s"
                   f"  overhead {100*r['prefill_overhead']:.2f}%  samples {r['prefill_s_bf16_samples']} / {r['prefill_s_gaac_samples']}")
             continue
-        ms = lambda k, w=7, d=2: f"{r[k] / 1e3:>{w}.{d}f}m" if k in r else f"{'OOM':>{w + 1}}"  # noqa: E731
+        miss = "skip" if "skipped_dynamic" in r else "OOM"
+        ms = lambda k, w=7, d=2: f"{r[k] / 1e3:>{w}.{d}f}m" if k in r else f"{miss:>{w + 1}}"  # noqa: E731
         over = f"{100 * r['prefill_overhead']:>7.1f}%" if "prefill_overhead" in r else f"{'-':>8}"
         print(f"{r['batch']:>2} {r['context']:>6} {ms('step_wall_us_fa2', 8, 1)} {ms('step_wall_us_cudnn', 7, 1)} "
               f"{ms('step_wall_us_static_cudnn', 7, 1)} {ms('step_wall_us_gaac', 7, 1)} "
