@@ -9,6 +9,7 @@ For each KV budget both engines get the same bytes of KV storage (``bf16_serving
 the entry table), the same page size and batch limits, and the same requests (prompts cut from
 WikiText-2 on the CPU; random token ids for the random-init 8B-shaped model). Measured per engine:
 ``max_concurrent`` (most requests holding KV at one time, counted at the full-attention allocator),
+``mean_decoding`` (requests in their decode phase averaged over the run, :func:`mean_decoding`),
 aggregate output tokens/s over the run (wall time), median time to first token, blocks in the pool,
 KV bytes per token (budget / tokens the pool holds), preemptions, and whether every request's tokens
 equal the BF16 engine's (``same_tokens``: expected whenever the two engines make the same scheduling
@@ -98,8 +99,16 @@ def _run(model, ids, gen, cb_config):
         meter.close()
     tokens = sum(len(o.generated_tokens) for o in out.values())
     ttft = [o.timestamps[0] - o.created_time for o in out.values() if o.timestamps]
-    return out, dict(max_concurrent=meter.peak, wall_s=wall, output_tokens=tokens, tokens_per_s=tokens / wall,
-                     ttft_median_s=statistics.median(ttft) if ttft else None)
+    return out, dict(max_concurrent=meter.peak, mean_decoding=mean_decoding(out.values(), wall), wall_s=wall,
+                     output_tokens=tokens, tokens_per_s=tokens / wall, ttft_median_s=statistics.median(ttft) if ttft else None)
+
+
+def mean_decoding(outputs, wall: float) -> float:
+    """Requests in their decode phase, averaged over the run: the sum over requests of the time from
+    their first to their last output token, over the wall time. Unlike ``max_concurrent`` (one peak,
+    quantized when only a few long prompts fit) it shows how many sequences the pool kept going."""
+    spans = [o.timestamps[-1] - o.timestamps[0] for o in outputs if len(getattr(o, "timestamps", None) or ()) > 1]
+    return sum(spans) / wall if wall > 0 else 0.0
 
 
 def _digests(outputs):

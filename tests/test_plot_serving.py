@@ -67,3 +67,14 @@ def test_bf16_from_checks_it_served_the_same_requests(tmp_path):
         bench._earlier_bf16(a, dict(this, prompt_tokens=[1024, 2049]))
     with pytest.raises(SystemExit, match="new_tokens"):
         bench._earlier_bf16(a, dict(this, new_tokens=9))
+
+
+def test_mean_decoding_is_the_time_weighted_count_of_decoding_requests():
+    from types import SimpleNamespace as O
+
+    bench = _load("bench_serving")
+    # two requests decoding over [1, 5] and [3, 9] of a 10 s run: 4 + 6 = 10 request-seconds -> 1.0
+    outs = [O(timestamps=[1.0, 2.0, 5.0]), O(timestamps=[3.0, 9.0]), O(timestamps=[4.0]), O(timestamps=[])]
+    assert bench.mean_decoding(outs, 10.0) == pytest.approx(1.0)
+    assert bench.mean_decoding(outs, 5.0) == pytest.approx(2.0)
+    assert bench.mean_decoding([], 10.0) == 0.0 and bench.mean_decoding(outs, 0.0) == 0.0
