@@ -1,0 +1,39 @@
+"""eval/bench_e2e.py's prefill chunking rule (CPU, no model): a batch whose prompt tokens or whose
+masked chunk would not fit is prefilled in chunks that keep both bounded."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+EVAL = Path(__file__).resolve().parents[1] / "eval"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_e2e", EVAL / "bench_e2e.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("B,S", [(1, 8192), (1, 131072), (4, 65536), (4, 131072), (16, 32768), (16, 65536), (3, 100000)])
+def test_prefill_chunk_bounds_tokens_and_mask(bench, B, S):
+    chunk = bench.prefill_chunk(B, S)
+    if B * S <= bench.PREFILL_TOKENS:
+        assert chunk == S  # one forward, no mask (causal)
+        return
+    assert chunk % 64 == 0 and 64 <= chunk < S
+    assert B * chunk <= bench.PREFILL_TOKENS
+    assert B * chunk * S <= bench.PREFILL_MASK_ELEMENTS
+    # the largest such multiple of 64
+    bigger = chunk + 64
+    assert B * bigger > bench.PREFILL_TOKENS or B * bigger * S > bench.PREFILL_MASK_ELEMENTS
+
+
+def test_prefill_chunk_takes_a_requested_size(bench):
+    assert bench.prefill_chunk(16, 32768, requested=4096) == 4096
+    assert bench.prefill_chunk(1, 1000, requested=4096) == 1000
+    # the two sizes that failed on the H200 (session 14, calls A and B) now get 2,048-token chunks
+    assert bench.prefill_chunk(4, 131072) == 2048 and bench.prefill_chunk(16, 32768) == 2048
