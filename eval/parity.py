@@ -136,14 +136,17 @@ def _without_env_info():
             ev.add_env_info = orig
 
 
-def _run_task(lm, task: str, limit: int | None, tm, gen_kwargs: str | None) -> tuple[dict, list, float]:
+def _run_task(lm, task: str, limit: int | None, tm, gen_kwargs: str | None,
+              docs: list[int] | None = None) -> tuple[dict, list, float]:
     import lm_eval
 
     t0 = time.time()
+    # lm-eval takes either a limit or the documents by index (``samples``), not both
+    pick = dict(samples={task: docs}) if docs else dict(limit=limit)
     with _without_env_info():
         res = lm_eval.simple_evaluate(
-            model=lm, tasks=[task], task_manager=tm, limit=limit, log_samples=True,
-            bootstrap_iters=0, gen_kwargs=gen_kwargs, verbosity="WARNING",
+            model=lm, tasks=[task], task_manager=tm, log_samples=True,
+            bootstrap_iters=0, gen_kwargs=gen_kwargs, verbosity="WARNING", **pick,
         )
     res["results"][task]["output_type"] = res["configs"][task]["output_type"]
     return res["results"][task], res["samples"][task], time.time() - t0
@@ -156,6 +159,20 @@ def parse_task_limits(items: list[str]) -> dict[str, int]:
         if not n:
             raise SystemExit(f"--task-limit wants NAME=N, got {it!r}")
         out[name.strip()] = int(n)
+    return out
+
+
+def parse_task_docs(items: list[str]) -> dict[str, list[int]]:
+    """``TASK=i,j`` -> {TASK: [i, j]}: documents of a task picked by index (instead of its first --limit)."""
+    out = {}
+    for it in items or []:
+        name, _, ids = it.partition("=")
+        try:
+            out[name.strip()] = [int(x) for x in ids.split(",") if x.strip()]
+        except ValueError:
+            raise SystemExit(f"--task-docs wants NAME=i,j,..., got {it!r}") from None
+        if not out[name.strip()]:
+            raise SystemExit(f"--task-docs wants NAME=i,j,..., got {it!r}")
     return out
 
 
@@ -208,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tasks", default=",".join(DEFAULT_TASKS))
     p.add_argument("--limit", type=int, default=100, help="documents per task (0 = all)")
     p.add_argument("--task-limit", action="append", default=[], metavar="TASK=N", help="per-task override of --limit")
+    p.add_argument("--task-docs", action="append", default=[], metavar="TASK=i,j",
+                   help="run these documents of a task (by index) instead of its first --limit ones")
     p.add_argument("--max_length", type=int, default=2048, help="model context for lm-eval (rolling windows, truncation)")
     p.add_argument("--block_size", type=int, default=None)
     p.add_argument("--prefill_chunk", type=int, default=None, help="tokens per prefill forward (default 4 blocks)")
@@ -232,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
 
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     task_limits = parse_task_limits(args.task_limit)
+    task_docs = parse_task_docs(args.task_docs)
     model_tag = Path(args.model).name.lower() if Path(args.model).is_dir() else args.model.lower()
     fp8 = args.kv_dtype != "bf16"
     base = "fp8" if fp8 else "bf16"  # the baseline's name in the report's keys
@@ -260,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
             "all_identical": all_identical,
             "limit": (args.limit or None) if not task_limits else {t: task_limits.get(t, args.limit) or None for t in tasks},
             "task_limits": task_limits,
+            "task_docs": task_docs,
             "command": "python eval/parity.py " + " ".join(shlex.quote(a) for a in argv),
             "complete": complete,
             "settings": {"max_length": args.max_length, "prefill_chunk": gaac.prefill_chunk,
@@ -281,11 +302,11 @@ def main(argv: list[str] | None = None) -> int:
 
     for task in tasks:
         limit = task_limits.get(task, args.limit) or None
-        r_bf, s_bf, sec_bf = _run_task(bf16, task, limit, tm, gen_kwargs)
+        r_bf, s_bf, sec_bf = _run_task(bf16, task, limit, tm, gen_kwargs, task_docs.get(task))
         otype = r_bf["output_type"]
         calls0 = gaac.gaac_calls
         stats0 = len(gaac.gaac_stats)
-        r_ga, s_ga, sec_ga = _run_task(gaac, task, limit, tm, gen_kwargs)
+        r_ga, s_ga, sec_ga = _run_task(gaac, task, limit, tm, gen_kwargs, task_docs.get(task))
         cmp = compare_samples(s_bf, s_ga)
         m_bf, m_ga = _metrics(r_bf), _metrics(r_ga)
         scores_equal = same(m_bf, m_ga) if set(m_bf) == set(m_ga) else False
