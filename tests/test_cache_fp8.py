@@ -224,10 +224,45 @@ def test_beam_search_is_bit_identical_to_the_fp8_baseline(model_tok, fp8_tables)
     assert torch.equal(got[0], want[0]) and torch.equal(bits(got[1]), bits(want[1]))
 
 
+def _count_passes(monkeypatch) -> list:
+    """The ``desc`` of every model pass calibrate_fp8 starts (it imports run_chunks when called)."""
+    import gaac_hf.calibration.collect as collect
+
+    passes, orig = [], collect.run_chunks
+
+    def counted(*a, **kw):
+        passes.append(kw.get("desc"))
+        return orig(*a, **kw)
+
+    monkeypatch.setattr(collect, "run_chunks", counted)
+    return passes
+
+
+def test_a_short_calibration_text_runs_the_model_once(model_tok, wikitext_valid, monkeypatch):
+    from gaac_hf.calibration import fp8 as fp8_calibration
+
+    model, tok = model_tok
+    passes = _count_passes(monkeypatch)
+    one = calibrate_fp8(model, tok, wikitext_valid, dtype="fp8_e4m3", context=64, block_size=T, max_tokens=128,
+                        model_name="t", progress=False)
+    assert passes == ["fp8 scales"]
+    monkeypatch.setattr(fp8_calibration, "KEEP_KV_BYTES", 2 << 20)  # 1.5 MB a chunk: the first of the two fits, not both
+    two = calibrate_fp8(model, tok, wikitext_valid, dtype="fp8_e4m3", context=64, block_size=T, max_tokens=128,
+                        model_name="t", progress=False)
+    assert passes == ["fp8 scales", "fp8 scales", "fp8 windows"]
+    assert torch.equal(bits(one.scales), bits(two.scales))
+    assert torch.equal(one.base_n, two.base_n) and torch.equal(one.base_w, two.base_w)
+
+
 @pytest.mark.slow
-def test_gaac_calibrate_writes_the_same_fp8_table(model_tok, fp8_tables, wikitext_valid, tmp_path):
+def test_gaac_calibrate_writes_the_same_fp8_table(model_tok, fp8_tables, wikitext_valid, tmp_path, monkeypatch):
+    """The CLI's table equals the API's, and the two-pass calibration (a long text: K/V not kept, the
+    model runs again) equals the one-pass one the fixture ran (its 512 tokens' K/V were kept)."""
+    from gaac_hf.calibration import fp8 as fp8_calibration
     from gaac_hf.calibration.cli import main
 
+    passes = _count_passes(monkeypatch)
+    monkeypatch.setattr(fp8_calibration, "KEEP_KV_BYTES", 0)
     text = tmp_path / "valid.txt"
     text.write_text(wikitext_valid)
     out = tmp_path / "e5m2.safetensors"
@@ -237,6 +272,7 @@ def test_gaac_calibrate_writes_the_same_fp8_table(model_tok, fp8_tables, wikitex
     assert torch.equal(bits(t.scales), bits(ref.scales))
     assert torch.equal(t.base_n, ref.base_n) and torch.equal(t.base_w, ref.base_w)
     assert t.meta["command"].startswith("gaac-calibrate --model smollm2 --kv-dtype fp8_e5m2")
+    assert passes == ["fp8 scales", "fp8 windows"], passes
 
 
 def test_verify_and_stats_of_an_fp8_cache():

@@ -155,7 +155,7 @@ def test_real_kv_allocation_below_dynamic_cache_to_8192_tokens(smollm2, smollm2_
 
 
 @pytest.mark.slow
-def test_generate_peak_tensor_bytes_below_dynamic_cache(smollm2, wikitext_test):
+def test_generate_peak_tensor_bytes_below_dynamic_cache(smollm2, wikitext_test, stock_bf16_linear):
     model, tok = smollm2
     ids = tok(wikitext_test, return_tensors="pt").input_ids[:, :1024]
     kw = dict(max_new_tokens=2, do_sample=False, cache_implementation=None)

@@ -185,6 +185,10 @@ def fp8_max(dtype: str) -> float:
     return torch.finfo(getattr(torch, TORCH_DTYPES[dtype])).max
 
 
+#: K/V bytes of a calibration text up to which :func:`calibrate_fp8` keeps them between its two passes
+KEEP_KV_BYTES = 256 << 20
+
+
 def calibrate_fp8(model, tokenizer, text: str, *, dtype: str = "fp8_e4m3", context: int = 8192, block_size: int = 64,
                   max_tokens: int | None = None, text_name: str | None = None, model_name: str | None = None,
                   batch_size: int = 1, progress: bool = True) -> FP8Table:
@@ -194,8 +198,9 @@ def calibrate_fp8(model, tokenizer, text: str, *, dtype: str = "fp8_e4m3", conte
     2. Windows: the K/V converted with those scales (:func:`~gaac_hf.codec.fp8.quantize_fp8`, the cache's
        own conversion), per-channel exponent histograms of the codes, :func:`~gaac_hf.codec.fp8.choose_windows_fp8`.
 
-    The model runs twice (the windows depend on the scale, which depends on every chunk); nothing is
-    kept between chunks but ``[L, 2]`` maxima and ``[L, 2, Hkv, D, 2**E]`` histograms.
+    The windows depend on the scale, which depends on every chunk: the model runs twice, keeping nothing
+    between chunks but ``[L, 2]`` maxima and ``[L, 2, Hkv, D, 2**E]`` histograms, unless the whole text's
+    K/V take at most ``KEEP_KV_BYTES``: then the first pass's K/V are kept and the model runs once.
     """
     from .collect import run_chunks, split_chunks, tokenize
 
@@ -207,13 +212,24 @@ def calibrate_fp8(model, tokenizer, text: str, *, dtype: str = "fp8_e4m3", conte
     chunks = split_chunks(ids, context, block_size)
     n_layers, heads, d = shape["num_layers"], shape["num_kv_heads"], shape["head_dim"]
     amax = torch.zeros(n_layers, 2, dtype=torch.float32)
+    # a calibration text whose K/V are small is kept from the first pass instead of running the model again
+    # (the same K/V: one forward per chunk either way gives the same bits); a long one runs twice
+    kept, kept_bytes = [], 0
     for _, keys, values in run_chunks(model, chunks, batch_size=batch_size, progress=progress, desc="fp8 scales"):
         for li in range(n_layers):
             for kind, x in ((0, keys[li]), (1, values[li])):
                 amax[li, kind] = torch.maximum(amax[li, kind], x.abs().float().amax().cpu())
+        if kept is not None:
+            kept_bytes += sum(x.numel() * x.element_size() for x in (*keys, *values))
+            if kept_bytes <= KEEP_KV_BYTES:
+                kept.append((None, keys, values))
+            else:
+                kept = None
     scales = (amax / fp8_max(dtype)).clamp(min=torch.finfo(torch.float32).tiny)
     hist = torch.zeros(n_layers, 2, heads, d, 1 << g.exp_bits, dtype=torch.int64)
-    for _, keys, values in run_chunks(model, chunks, batch_size=batch_size, progress=progress, desc="fp8 windows"):
+    second = kept if kept is not None else run_chunks(model, chunks, batch_size=batch_size, progress=progress,
+                                                      desc="fp8 windows")
+    for _, keys, values in second:
         for li in range(n_layers):
             for kind, x in ((0, keys[li]), (1, values[li])):
                 hist[li, kind] += exponent_histogram_fp8(quantize_fp8(x, scales[li, kind], dtype, saturate=True), g).cpu()
