@@ -7,6 +7,8 @@ therefore generation (tokens and logits), is bit-identical to the baseline. Chec
 """
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 from transformers import LlamaConfig
@@ -184,7 +186,9 @@ def fp8_tables(model_tok, wikitext_valid):
 
 def generate(model, tok, cache, prompts, **kw):
     enc = tok(prompts, return_tensors="pt", padding=True)
-    out = model.generate(**enc, cache=cache, cache_implementation=None, max_new_tokens=kw.pop("max_new_tokens", 10),
+    # the newer cache= spelling where this transformers takes it (>= 5.18), else past_key_values= (5.17)
+    key = "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
+    out = model.generate(**enc, **{key: cache}, cache_implementation=None, max_new_tokens=kw.pop("max_new_tokens", 10),
                          do_sample=False, output_logits=True, return_dict_in_generate=True,
                          pad_token_id=tok.pad_token_id, **kw)
     return out.sequences, torch.stack(out.logits)
