@@ -93,6 +93,23 @@ def wikitext_valid() -> str:
     return real_text("validation", raw=False)
 
 
+def first_layers_cache(model, ids: torch.Tensor, layers: int):
+    """DynamicCache of a forward of ``ids`` through the model's first ``layers`` decoder layers only (K/V of
+    layer i depend only on layers < i, so they are the full model's; a CPU without BF16 matrix instructions
+    pays for every layer it runs)."""
+    from transformers import DynamicCache
+
+    full = model.model.layers
+    model.model.layers = full[:layers]
+    try:
+        cache = DynamicCache()
+        with torch.no_grad():
+            model.model(ids, past_key_values=cache, use_cache=True)
+    finally:
+        model.model.layers = full
+    return cache
+
+
 def synthetic_cache(layers: int, heads: int, head_dim: int, block_size: int, **kwargs):
     """A GAACCache for a tiny Llama config and a table whose windows fit random normals (no weights)."""
     from transformers import LlamaConfig

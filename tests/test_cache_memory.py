@@ -21,7 +21,7 @@ from gaac_hf import GAACCache
 from gaac_hf.cache.layer import TABLE_PAGE
 from gaac_hf.cache.memory import TensorBytesMeter, dynamic_cache_bytes, walk_allocation
 from gaac_hf.cache.pool import CPU_HEAP_PAGE
-from conftest import synthetic_cache
+from conftest import first_layers_cache, synthetic_cache
 
 T, H, D, L = 16, 2, 64, 2
 
@@ -111,14 +111,7 @@ def smollm2_kv(smollm2, wikitext_test):
 
     def get(layers: int, tokens: int):
         assert ids.shape[1] >= tokens, "WikiText-2 test is long enough for 8K tokens"
-        full = model.model.layers
-        model.model.layers = full[:layers]  # K/V of layer i depend only on layers < i
-        try:
-            dyn = DynamicCache()
-            with torch.no_grad():
-                model.model(ids[:, :tokens], past_key_values=dyn, use_cache=True)
-        finally:
-            model.model.layers = full
+        dyn = first_layers_cache(model, ids[:, :tokens], layers)
         return [(layer.keys, layer.values) for layer in dyn.layers]
 
     return get

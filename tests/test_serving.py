@@ -34,7 +34,7 @@ def _real_pages(smollm2, wikitext_test, layers, pages, page):
     """Real K and V pages [pages, P, H, D] of the given model layers (prompt from WikiText-2 test). The
     forward runs only as deep and as long as asked (K/V of layer i depend only on layers < i and on
     earlier tokens): on a CPU without BF16 matrix instructions a full 2,048-token forward takes ~70 s."""
-    from transformers import DynamicCache
+    from conftest import first_layers_cache
 
     model, tok = smollm2
     depth, n = max(layers) + 1, pages * page
@@ -43,15 +43,7 @@ def _real_pages(smollm2, wikitext_test, layers, pages, page):
     if hit is None:
         ids = tok(wikitext_test[2000:2000 + 6 * 32 * page], return_tensors="pt").input_ids[:, :n]
         assert ids.shape[1] == n
-        full = model.model.layers
-        model.model.layers = full[:depth]
-        try:
-            hit = DynamicCache()
-            with torch.no_grad():
-                model.model(ids, past_key_values=hit, use_cache=True)
-        finally:
-            model.model.layers = full
-        _REAL[(depth, n)] = hit
+        hit = _REAL[(depth, n)] = first_layers_cache(model, ids, depth)
     out = []
     for layer in layers:
         kv = [getattr(hit.layers[layer], name)[0][:, :n] for name in ("keys", "values")]  # [H, S, D]
