@@ -173,7 +173,7 @@ class _Skipped(Exception):
     """A baseline left out on request (recorded in the row)."""
 
 
-def run_case(model, table, B, S, dev, args):
+def run_case(model, table, B, S, dev, args, progress=None):
     import gaac_hf
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from transformers import DynamicCache, StaticCache
@@ -272,6 +272,8 @@ def run_case(model, table, B, S, dev, args):
         row["oom_dynamic"] = str(e)[:200]
     except _Skipped:
         row["skipped_dynamic"] = "--skip-dynamic (the issue's baseline is the in-place static cache)"
+    report = progress or (lambda r: None)  # the case's rows so far, written before the next part can fail
+    report(row)
     cache = None
     torch.cuda.empty_cache() if dev.type == "cuda" else None
     # one prefill serves both in-place static rows (each appends its own steps: room for two runs)
@@ -288,7 +290,10 @@ def run_case(model, table, B, S, dev, args):
             row["oom_static"] = str(e)[:200]
         cache = None
         torch.cuda.empty_cache() if dev.type == "cuda" else None
-    if args.graphs and not args.prefill_only:
+        report(row)
+    if args.graphs and not args.prefill_only and args.skip_stock_graph:
+        row["skipped_static_stock_graph"] = "--skip-stock-graph"
+    elif args.graphs and not args.prefill_only:
         # transformers' own StaticCache decode (a mask over the whole preallocated length, SDPA's backend
         # choice) replayed from a graph: what generate(cache_implementation="static") + graphs runs. The
         # in-place prefix rows above slice a host length each step, which a graph cannot replay.
@@ -304,6 +309,7 @@ def run_case(model, table, B, S, dev, args):
             row["error_static_stock_graph"] = f"{type(e).__name__}: {e}"[:300]
         cache = None
         torch.cuda.empty_cache() if dev.type == "cuda" else None
+        report(row)
 
     # ---- GAAC (prefill under the same pinned SDPA backend as the BF16 prefill) ----
     gaac_hf.register()
@@ -330,6 +336,7 @@ def run_case(model, table, B, S, dev, args):
         row["bytes"]["kv_gaac"] = st["resident_bytes"]
         if not args.prefill_only:
             time_steps("gaac", cache, nullcontext)
+            report(row)
             if args.graphs:
                 try:
                     time_graph_steps("gaac_graph", cache)
@@ -377,6 +384,8 @@ def main(argv=None):
                    help="GAACCache(fused=...) for the GAAC rows (e2e_h200_auto.json ran with auto)")
     p.add_argument("--format-version", type=int, default=None, choices=(2, 3),
                    help="GAACCache(format_version=...); default: the cache's own choice (v3 on Hopper with the cuda extra)")
+    p.add_argument("--skip-stock-graph", action="store_true",
+                   help="with --graphs, leave out transformers' StaticCache replayed from a graph (its own prefill)")
     p.add_argument("--graphs", action="store_true",
                    help="also time CUDA-graph replays of the decode step (GAAC graph mode; stock StaticCache)")
     p.add_argument("--tiny", action="store_true", help="2-layer model on the CPU: checks the script, measures nothing")
@@ -411,7 +420,9 @@ def main(argv=None):
             out["skipped"].append({"batch": B, "context": S, "why": "time budget"})
             continue
         try:
-            row = run_case(model, table, B, S, dev, args)
+            # a case in progress is in the file as a row marked partial (a call cut short keeps what it measured)
+            row = run_case(model, table, B, S, dev, args, progress=lambda r: harness.write_result(
+                args.out, out | {"rows": out["rows"] + [dict(r, partial=True)]}))
         except torch.OutOfMemoryError as e:  # report, keep going
             row = {"batch": B, "context": S, "error": f"OOM: {e}"[:300]}
             torch.cuda.empty_cache()

@@ -37,3 +37,32 @@ def test_prefill_chunk_takes_a_requested_size(bench):
     assert bench.prefill_chunk(1, 1000, requested=4096) == 1000
     # the two sizes that failed on the H200 (session 14, calls A and B) now get 2,048-token chunks
     assert bench.prefill_chunk(4, 131072) == 2048 and bench.prefill_chunk(16, 32768) == 2048
+
+
+def test_a_case_in_progress_is_written_as_a_partial_row(bench, tmp_path, monkeypatch):
+    """A call cut short (the device's time limit, session 15) keeps the parts of a case it measured: the
+    file holds the case's rows so far, marked partial, after the static rows and again after GAAC's eager
+    steps; the finished case replaces it without the mark. --tiny runs the script on the CPU."""
+    import copy
+    import json
+
+    writes = []
+    real = bench.harness.write_result
+
+    def record(path, data, shapes=None):
+        writes.append(copy.deepcopy(data))
+        return real(path, data, shapes)
+
+    monkeypatch.setattr(bench.harness, "write_result", record)
+    monkeypatch.setattr(bench, "gpu_busy_us", lambda step, n: 1.0)  # no CUDA profiler on the CPU
+    out = tmp_path / "e2e.json"
+    bench.main(["--tiny", "--contexts", "256", "--batches", "1", "--steps", "1", "--prof-steps", "1",
+                "--prefill-reps", "1", "--skip-dynamic", "--out", str(out)])
+    partial = [w["rows"][-1] for w in writes if w["rows"] and w["rows"][-1].get("partial")]
+    statics_only = [r for r in partial if "step_wall_us_static_cudnn" in r and "step_wall_us_gaac" not in r]
+    with_gaac = [r for r in partial if "step_wall_us_gaac" in r]
+    assert statics_only and with_gaac, [sorted(r) for r in partial]
+    final = json.loads(out.read_text())["rows"]
+    assert len(final) == 1 and "partial" not in final[0]
+    assert final[0]["step_wall_us_static_cudnn"] == statics_only[-1]["step_wall_us_static_cudnn"]
+    assert "speedup_wall_vs_static_cudnn" in final[0]
