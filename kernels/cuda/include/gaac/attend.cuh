@@ -75,12 +75,26 @@ struct WarpState {
   template <class AfterK = NoHook>
   __device__ __forceinline__ void rows(const u16* ks, const u16* vs, int tok0, int lo, int hi, int lane,
                                        float scale_log2, AfterK after_k = AfterK()) {
-    const int g = lane >> 2;
     // ldmatrix lane addressing (see the PTX ISA fragment layouts):
     // K as A (row-major 16x16): rows (lane & 7) + 8 * ((lane >> 3) & 1), cols 8 * (lane >> 4)
     const int ka_row = (lane & 7) + ((lane >> 3) & 1) * 8, ka_col = (lane >> 4) * 8;
     // V^T as A via .trans: stored rows (tokens) (lane & 7) + 8 * (lane >> 4), cols 8 * ((lane >> 3) & 1)
     const int va_row = (lane & 7) + (lane >> 4) * 8, va_col = ((lane >> 3) & 1) * 8;
+    rows_from([&](int k, u32 (&a)[4]) { ldmatrix_x4(a, ks + ka_row * ROW + 16 * k + ka_col); },
+              [&](int m, u32 (&a)[4]) { ldmatrix_x4_trans(a, vs + va_row * ROW + 16 * m + va_col); }, tok0, lo, hi,
+              lane, scale_log2, after_k);
+  }
+
+  // The same arithmetic on A fragments from any source: k_frag(k, a) gives K's m16n8k16 A fragment of
+  // k-step k (rows = the 16 tokens, cols = channels 16k..16k+15), v_frag(m, a) V^T's of m-tile m (rows =
+  // channels 16m..16m+15, cols = the 16 tokens), in the PTX ISA register layout (register 0: row lane/4,
+  // cols 2(lane%4), +1; register 1: row + 8; registers 2, 3: cols + 8). Called in order k = 0..KS-1, then
+  // m = 0..KS-1; a kernel that decodes straight into registers feeds the MMAs through here, so its output
+  // is bit-identical to the ldmatrix path for the same fragments.
+  template <class KFrag, class VFrag, class AfterK = NoHook>
+  __device__ __forceinline__ void rows_from(KFrag k_frag, VFrag v_frag, int tok0, int lo, int hi, int lane,
+                                            float scale_log2, AfterK after_k = AfterK()) {
+    const int g = lane >> 2;
 
     // S^T[16 tokens x 8 heads] per n-tile
     float sacc[NT][4];
@@ -91,7 +105,7 @@ struct WarpState {
 #pragma unroll
     for (int k = 0; k < KS; ++k) {
       u32 a[4];
-      ldmatrix_x4(a, ks + ka_row * ROW + 16 * k + ka_col);
+      k_frag(k, a);
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) mma_bf16_16816(sacc[nt], a, qf[nt][k][0], qf[nt][k][1]);
     }
@@ -146,7 +160,7 @@ struct WarpState {
 #pragma unroll
     for (int m = 0; m < KS; ++m) {
       u32 a[4];
-      ldmatrix_x4_trans(a, vs + va_row * ROW + 16 * m + va_col);
+      v_frag(m, a);
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) mma_bf16_16816(o[m][nt], a, pb[nt][0], pb[nt][1]);
     }
