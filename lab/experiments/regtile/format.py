@@ -30,7 +30,8 @@ Bytes of one tile (TILE_BYTES, a multiple of 16; a block of 64 tokens = 4 tiles,
                          low value's code of pair j, bit 4 + j of the high value's); at align4(36 + n_h)
                          n_raw records of 8 bytes: u32 nibbles (bits 4j.. = bits 4-7 of pair j's low code,
                          16 + 4j.. of its high code), u8 lane, u8 s, u16 0
-A tile whose side data does not fit SIDE bytes makes its block "raw" (stored BF16, table entry < 0).
+A tile whose side data does not fit SIDE bytes, or with a lane holding more than 2 raw groups, makes its
+block "raw" (stored BF16, table entry < 0).
 """
 from __future__ import annotations
 
@@ -152,7 +153,7 @@ def encode(x: torch.Tensor, base8: torch.Tensor, base16: torch.Tensor, kind: str
     n_raw = raw.flatten(1).sum(1)
     raw_at = (36 + n_h + 3) // 4 * 4
     need = raw_at + 8 * n_raw
-    tile_fits = need <= geo.side
+    tile_fits = (need <= geo.side) & (raw.sum(-1) <= 2).all(-1)  # the kernel holds <= 2 raw groups per lane
     side = torch.zeros(n, geo.side + 8 * LANES * KS + 300, dtype=torch.uint8, device=dev)  # room, cut below
     side[:, :LANES] = mask.to(torch.uint8)
     side[:, 32] = n_h.clamp(max=255).to(torch.uint8)

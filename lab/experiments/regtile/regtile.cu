@@ -66,11 +66,14 @@ __device__ __forceinline__ void build_consts(uint4* cst, const unsigned char* k8
 }
 
 // One lane's view of a staged compressed tile: its words in registers, its side-area offsets.
-template <bool IS_V>
+// RAW: the tile lists raw groups (a warp-uniform choice made per tile from both kinds' headers); a lane
+// holds at most 2 of them (the encoder stores a tile with more as BF16), found once in load().
+template <bool IS_V, bool RAW>
 struct LaneTile {
   uint4 sm[NP / 8];
   u32 cw[NW];
-  u32 mask, hpos, n_raw, raw_at;
+  u32 mask, hpos;
+  u32 rs0, rs1, nib0, nib1;  // RAW: this lane's raw groups (s, code bits 4-7); s = 0xFF when none
   const unsigned char* side;
   const uint4* cst;  // this kind's constants, [KS][32]
   int lane;
@@ -84,9 +87,6 @@ struct LaneTile {
     for (int w = 0; w < NW; ++w) cw[w] = *reinterpret_cast<const u32*>(tb + CODE_OFF + w * 128 + lane * 4);
     side = tb + SIDE_OFF;
     mask = side[lane];
-    const u32 hdr = *reinterpret_cast<const u32*>(side + 32);
-    n_raw = (hdr >> 8) & 0xFF;
-    raw_at = (36 + (hdr & 0xFF) + 3) & ~3u;
     // exclusive prefix count of the wide groups of lower lanes: where this lane's h bytes start
     const u32 mine = __popc(mask);
     u32 x = mine;
@@ -96,6 +96,24 @@ struct LaneTile {
       if (lane >= o) x += y;
     }
     hpos = 36 + x - mine;
+    rs0 = rs1 = 0xFFu;
+    nib0 = nib1 = 0u;
+    if (RAW) {
+      const u32 hdr = *reinterpret_cast<const u32*>(side + 32);
+      const u32 n_raw = (hdr >> 8) & 0xFF, raw_at = (36 + (hdr & 0xFF) + 3) & ~3u;
+      for (u32 r = 0; r < n_raw; ++r) {
+        const uint2 rec = *reinterpret_cast<const uint2*>(side + raw_at + 8 * r);
+        if ((rec.y & 0xFFu) == static_cast<u32>(lane)) {
+          if (rs0 == 0xFFu) {
+            rs0 = (rec.y >> 8) & 0xFFu;
+            nib0 = rec.x;
+          } else {
+            rs1 = (rec.y >> 8) & 0xFFu;
+            nib1 = rec.x;
+          }
+        }
+      }
+    }
   }
 
   __device__ __forceinline__ u32 smw(int q) const {
@@ -104,13 +122,13 @@ struct LaneTile {
     return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
   }
 
-  // group s -> the 4 A-fragment registers of k-step / m-tile s (called in order s = 0, 1, ...)
-  __device__ __forceinline__ void group(int s, u32 (&a)[4]) {
+  // group s -> the 4 A-fragment registers of k-step / m-tile s
+  __device__ __forceinline__ void group(int s, u32 (&a)[4]) const {
     const uint4 c4 = cst[s * 32 + lane];
-    const u32 wide = (mask >> s) & 1u;
 #if WIDE_FIX
-    const u32 hbyte = wide ? side[hpos] : 0u;
-    hpos += wide;
+    const u32 wide = (mask >> s) & 1u;
+    // this group's h byte: independent of the other groups' (no running offset), so the loads issue early
+    const u32 hbyte = wide ? side[hpos + __popc(mask & ((1u << s) - 1u))] : 0u;
     const u32 hh = (hbyte & 0xFu) | ((hbyte & 0xF0u) << 12);
     const u32 wm = 0u - wide;
 #else
@@ -128,13 +146,8 @@ struct LaneTile {
       a[j] = gaac_v3::bitsel(gaac_v3::SIGN_MANT, x, base + f + hb);
     }
 #if WIDE_FIX
-    if (n_raw != 0) {  // warp-uniform: this tile lists raw groups (their code bits 4-7)
-      u32 nib = 0;
-      for (u32 r = 0; r < n_raw; ++r) {
-        const u32* rec = reinterpret_cast<const u32*>(side + raw_at + 8 * r);
-        const u32 id = rec[1];
-        if ((id & 0xFFu) == static_cast<u32>(lane) && ((id >> 8) & 0xFFu) == static_cast<u32>(s)) nib = rec[0];
-      }
+    if (RAW) {  // code bits 4-7 of a raw group (zero for every other group: then a no-op)
+      const u32 nib = static_cast<u32>(s) == rs0 ? nib0 : (static_cast<u32>(s) == rs1 ? nib1 : 0u);
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const u32 t = (a[j] & gaac_v3::EXP_BITS) + (((nib >> (4 * j)) & 0x000F000Fu) << 11);
@@ -209,6 +222,25 @@ __device__ __forceinline__ void issue(unsigned char* slot, Src ks, Src vs, unsig
   }
 }
 
+// Attend to one warp-tile whose K and V tiles are both compressed and staged at sl (K) / sl + TB (V).
+template <bool RAW>
+__device__ __forceinline__ void compressed_tile(attend::WarpState& st, const unsigned char* sl, const uint4* cst, int tok0,
+                                                int lo, int hi, int vlo, int vhi, bool edge, int lane, float scale_log2) {
+  LaneTile<false, RAW> kl;
+  LaneTile<true, RAW> vl;
+  st.rows_from(
+      [&](int k, u32 (&a)[4]) {
+        if (k == 0) kl.load(sl, cst, lane);  // each kind's words are read when its first fragment is needed
+        kl.group(k, a);
+      },
+      [&](int m, u32 (&a)[4]) {
+        if (m == 0) vl.load(sl + TB, cst + KS * 32, lane);
+        vl.group(m, a);
+        if (edge) mask_v(lane, vlo, vhi, a);
+      },
+      tok0, lo, hi, lane, scale_log2);
+}
+
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_CTAS_PER_SM)
@@ -276,25 +308,37 @@ regtile_decode_split(const u16* __restrict__ q,            // [B, Hkv*G, D]
     const unsigned char* sl = wring + slot * 2 * TB;
     const int vlo = lo - tok0, vhi = hi - tok0;
     const bool edge = vlo > 0 || vhi < 16;
-    LaneTile<false> kl;
-    LaneTile<true> vl;
-    // each kind's words are read when its first fragment is needed (V's after S is computed): fewer live registers
-    st.rows_from(
-        [&](int k, u32 (&a)[4]) {
-          if (ks.comp && k == 0) kl.load(sl, cst, lane);
-          if (ks.comp) kl.group(k, a);
-          else bf16_group(ks.bf16, false, lane, k, vlo, vhi, a);
-        },
-        [&](int m, u32 (&a)[4]) {
-          if (vs.comp) {
-            if (m == 0) vl.load(sl + TB, cst + KS * 32, lane);
-            vl.group(m, a);
-            if (edge) mask_v(lane, vlo, vhi, a);
-          } else {
-            bf16_group(vs.bf16, true, lane, m, vlo, vhi, a);
-          }
-        },
-        tok0, lo, hi, lane, scale_log2);
+#ifdef SASS_FAST_ONLY  // static instruction counts of one tile body (analysis builds only; wrong for other tiles)
+    compressed_tile<SASS_FAST_ONLY == 2>(st, sl, cst, tok0, lo, hi, vlo, vhi, edge, lane, scale_log2);
+    if (false) {
+#else
+    if (ks.comp && vs.comp) {
+#endif
+      // the common case: both tiles compressed; one straight-line body per tile (no branch per k-step),
+      // with the raw-group fix compiled in only for tiles that list raw groups
+      const u32 nraw = (*reinterpret_cast<const u32*>(sl + SIDE_OFF + 32) | *reinterpret_cast<const u32*>(sl + TB + SIDE_OFF + 32)) & 0xFF00u;
+      if (nraw == 0) compressed_tile<false>(st, sl, cst, tok0, lo, hi, vlo, vhi, edge, lane, scale_log2);
+      else compressed_tile<true>(st, sl, cst, tok0, lo, hi, vlo, vhi, edge, lane, scale_log2);
+    } else {
+      LaneTile<false, true> kl;
+      LaneTile<true, true> vl;
+      st.rows_from(
+          [&](int k, u32 (&a)[4]) {
+            if (ks.comp && k == 0) kl.load(sl, cst, lane);
+            if (ks.comp) kl.group(k, a);
+            else bf16_group(ks.bf16, false, lane, k, vlo, vhi, a);
+          },
+          [&](int m, u32 (&a)[4]) {
+            if (vs.comp) {
+              if (m == 0) vl.load(sl + TB, cst + KS * 32, lane);
+              vl.group(m, a);
+              if (edge) mask_v(lane, vlo, vhi, a);
+            } else {
+              bf16_group(vs.bf16, true, lane, m, vlo, vhi, a);
+            }
+          },
+          tok0, lo, hi, lane, scale_log2);
+    }
   }
   __syncthreads();
   attend::finish(st, smem, attend::Output{part_o, part_lse, out, counters, static_cast<i64>(b) * hq_total + hq0, bh,
@@ -339,7 +383,7 @@ regtile_dump(const unsigned char* __restrict__ pool, const unsigned char* __rest
     }
   };
   if (is_v) {
-    LaneTile<true> lt;
+    LaneTile<true, true> lt;
     lt.load(sl, cst + KS * 32, lane);
 #pragma unroll
     for (int s = 0; s < KS; ++s) {
@@ -348,7 +392,7 @@ regtile_dump(const unsigned char* __restrict__ pool, const unsigned char* __rest
       put(true, s, a);
     }
   } else {
-    LaneTile<false> lt;
+    LaneTile<false, true> lt;
     lt.load(sl, cst, lane);
 #pragma unroll
     for (int s = 0; s < KS; ++s) {
