@@ -222,10 +222,11 @@ __device__ __forceinline__ void issue(unsigned char* slot, Src ks, Src vs, unsig
   }
 }
 
-// Attend to one warp-tile whose K and V tiles are both compressed and staged at sl (K) / sl + TB (V).
+// Attend to one warp-tile whose K and V tiles are both compressed and staged at sl (K) / sl + TB (V), all of
+// whose 16 rows are attended (tiles at a split's or sequence's edge take the general path, which masks V).
 template <bool RAW>
 __device__ __forceinline__ void compressed_tile(attend::WarpState& st, const unsigned char* sl, const uint4* cst, int tok0,
-                                                int lo, int hi, int vlo, int vhi, bool edge, int lane, float scale_log2) {
+                                                int lo, int hi, int lane, float scale_log2) {
   LaneTile<false, RAW> kl;
   LaneTile<true, RAW> vl;
   st.rows_from(
@@ -236,7 +237,6 @@ __device__ __forceinline__ void compressed_tile(attend::WarpState& st, const uns
       [&](int m, u32 (&a)[4]) {
         if (m == 0) vl.load(sl + TB, cst + KS * 32, lane);
         vl.group(m, a);
-        if (edge) mask_v(lane, vlo, vhi, a);
       },
       tok0, lo, hi, lane, scale_log2);
 }
@@ -309,16 +309,17 @@ regtile_decode_split(const u16* __restrict__ q,            // [B, Hkv*G, D]
     const int vlo = lo - tok0, vhi = hi - tok0;
     const bool edge = vlo > 0 || vhi < 16;
 #ifdef SASS_FAST_ONLY  // static instruction counts of one tile body (analysis builds only; wrong for other tiles)
-    compressed_tile<SASS_FAST_ONLY == 2>(st, sl, cst, tok0, lo, hi, vlo, vhi, edge, lane, scale_log2);
-    if (false) {
+    compressed_tile<SASS_FAST_ONLY == 2>(st, sl, cst, tok0, lo, hi, lane, scale_log2);
+    if (true) {
+    } else if (false) {
 #else
-    if (ks.comp && vs.comp) {
+    if (ks.comp && vs.comp && !edge) {
 #endif
       // the common case: both tiles compressed; one straight-line body per tile (no branch per k-step),
       // with the raw-group fix compiled in only for tiles that list raw groups
       const u32 nraw = (*reinterpret_cast<const u32*>(sl + SIDE_OFF + 32) | *reinterpret_cast<const u32*>(sl + TB + SIDE_OFF + 32)) & 0xFF00u;
-      if (nraw == 0) compressed_tile<false>(st, sl, cst, tok0, lo, hi, vlo, vhi, edge, lane, scale_log2);
-      else compressed_tile<true>(st, sl, cst, tok0, lo, hi, vlo, vhi, edge, lane, scale_log2);
+      if (nraw == 0) compressed_tile<false>(st, sl, cst, tok0, lo, hi, lane, scale_log2);
+      else compressed_tile<true>(st, sl, cst, tok0, lo, hi, lane, scale_log2);
     } else {
       LaneTile<false, true> kl;
       LaneTile<true, true> vl;
