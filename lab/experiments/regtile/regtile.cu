@@ -102,7 +102,9 @@ struct LaneTile {
       const u32 hdr = *reinterpret_cast<const u32*>(side + 32);
       const u32 n_raw = (hdr >> 8) & 0xFF, raw_at = (36 + (hdr & 0xFF) + 3) & ~3u;
       for (u32 r = 0; r < n_raw; ++r) {
-        const uint2 rec = *reinterpret_cast<const uint2*>(side + raw_at + 8 * r);
+        // records are 4-byte aligned only (raw_at = round4(36 + n_h)): two 32-bit loads, not one 64-bit
+        const u32* rp = reinterpret_cast<const u32*>(side + raw_at + 8 * r);
+        const uint2 rec = make_uint2(rp[0], rp[1]);
         if ((rec.y & 0xFFu) == static_cast<u32>(lane)) {
           if (rs0 == 0xFFu) {
             rs0 = (rec.y >> 8) & 0xFFu;
