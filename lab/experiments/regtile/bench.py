@@ -185,6 +185,11 @@ def launches(case):
             splits = max(1, (132 * ctas) // (case.B * case.hkv))
             out.append((W, S, ctas, splits))
             break
+    # occupancy probes (session 17): a deeper ring at 3 CTAs, and 4 CTAs of 4 warps under a 128-register cap
+    # (ptxas spills ~150 B per thread there: is more warps per scheduler worth the spill traffic?)
+    for W, S, ctas in ((4, 4, 3), (4, 2, 4)):
+        if case.d == 128 and (smem_bytes(case.d, W, S) + 1024) * ctas <= 227 * 1024:
+            out.append((W, S, ctas, max(1, (132 * ctas) // (case.B * case.hkv))))
     return out
 
 
