@@ -23,7 +23,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO / "eval"))
-import format as F  # noqa: E402
+import format as F  # noqa: E402  (the layout under test; main() switches it to format4 with --fmt 4)
+import format4 as F4  # noqa: E402
 import harness  # noqa: E402
 
 from gaac_hf.kernels.cuda import runtime  # noqa: E402
@@ -36,7 +37,7 @@ LOG2E = 1.4426950408889634
 
 def module(D, G, W, S, ctas, wide_fix=1):
     return runtime.load(SOURCE, dict(HEAD_DIM=D, QUERY_GROUP=G, WARPS=W, STAGES=S, MIN_CTAS_PER_SM=ctas,
-                                     WIDE_FIX=wide_fix), torch.device("cuda"))
+                                     WIDE_FIX=wide_fix, FMT4=int(F is F4)), torch.device("cuda"))
 
 
 def smem_bytes(D, W, S):
@@ -198,9 +199,14 @@ def main(argv=None):
     ap.add_argument("--out", required=True)
     ap.add_argument("--cases", default="qwen3-8b:1:65536,qwen3-8b:4:65536,qwen3-8b:1:131072,qwen3-8b:16:32768")
     ap.add_argument("--skip-decode", action="store_true")
+    ap.add_argument("--fmt", type=int, choices=(3, 4), default=3,
+                    help="3: format.py (3-bit groups + 4-bit fix); 4: format4.py (fixed 4-bit lanes)")
     a = ap.parse_args(argv)
+    global F
+    if a.fmt == 4:
+        F = F4
     result = dict(provenance=harness.provenance(argv=sys.argv), timer="cuda-graph replay, L2 flushed, median of 15",
-                  data="synthetic KV-like (calibration.synthetic)", decode={}, cases=[])
+                  data="synthetic KV-like (calibration.synthetic)", layout=F.__name__, decode={}, cases=[])
     path = Path(a.out)
 
     def save():

@@ -35,6 +35,7 @@ block "raw" (stored BF16, table entry < 0).
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -229,13 +230,15 @@ def decode(data: torch.Tensor, base8: torch.Tensor, base16: torch.Tensor, D: int
 
 
 def pack_pool(x: torch.Tensor, lens: list[int], base8: torch.Tensor, base16: torch.Tensor, kind: str,
-              generator: torch.Generator | None = None) -> dict:
+              generator: torch.Generator | None = None, codec=None) -> dict:
     """Dense bf16 [B, H, S, D] with per-head uint8 bases [H, D] -> a paged register-tile cache:
     pool uint8 [n_comp, block_bytes], raw bf16 [n_raw, 64, D] (blocks that do not fit), table int32
-    [B, H, max_blocks] (e >= 0: pool[e]; e < 0: raw[~e]), tail bf16 [B, H, 64, D], num_blocks, tail_len."""
+    [B, H, max_blocks] (e >= 0: pool[e]; e < 0: raw[~e]), tail bf16 [B, H, 64, D], num_blocks, tail_len.
+    codec: the module whose Geometry / encode lay the tiles out (default this one; format4)."""
     B, H, S, D = x.shape
     dev = x.device
-    geo = Geometry(D)
+    codec = codec or sys.modules[__name__]  # the layout: this module, or format4
+    geo = codec.Geometry(D)
     nbs = [s // BLOCK_T for s in lens]
     maxb = max(1, max(nbs))
     table = torch.zeros(B, H, maxb, dtype=torch.int32, device=dev)
@@ -244,7 +247,7 @@ def pack_pool(x: torch.Tensor, lens: list[int], base8: torch.Tensor, base16: tor
     n_pool = n_raw = 0
     for h in range(H):
         blocks = torch.cat([x[b, h, : nbs[b] * BLOCK_T].reshape(nbs[b], BLOCK_T, D) for b in range(B)])
-        enc = encode(blocks, base8[h], base16[h], kind)
+        enc = codec.encode(blocks, base8[h], base16[h], kind)
         fits = enc.fits
         idx = torch.where(fits, torch.cumsum(fits.to(torch.int64), 0) - 1 + n_pool,
                           -1 - (torch.cumsum((~fits).to(torch.int64), 0) - 1 + n_raw))

@@ -11,7 +11,8 @@
 // our own layout and code. Bit logic: gaac_v3::pair_field / bitsel / prmt from the product's core.cuh.
 //
 // Defines: HEAD_DIM (64, 128), QUERY_GROUP, WARPS, STAGES (>= 2), MIN_CTAS_PER_SM, WIDE_FIX (1; 0 = probe that
-// skips the 4-bit / raw fix-up: wrong bits, timing only).
+// skips the 4-bit / raw fix-up: wrong bits, timing only), FMT4 (1: the fixed 4-bit lane layout of format4.py,
+// whose pairs need no fix-up; WIDE_FIX=0 then skips only the raw groups' high nibbles).
 #include "gaac_v3/core.cuh"  // first: its GROUP constant (8 channels) collides with the query-group define
 #define GROUP QUERY_GROUP
 #include "gaac/ptx.cuh"
@@ -23,6 +24,9 @@
 #ifndef WIDE_FIX
 #define WIDE_FIX 1
 #endif
+#ifndef FMT4
+#define FMT4 0
+#endif
 
 namespace {
 using namespace gaac;
@@ -33,8 +37,11 @@ constexpr int T = 64;
 constexpr int S = STAGES;
 constexpr int TILE = 16 * W;
 constexpr int NP = D / 4, KS = D / 16, NW = 3 * NP / 16;
-constexpr int SIDE = D == 128 ? 96 : 64;
-constexpr int CODE_OFF = 16 * D, SIDE_OFF = CODE_OFF + 128 * NW, TB = SIDE_OFF + SIDE;
+constexpr int SIDE = FMT4 ? 32 : (D == 128 ? 96 : 64);
+constexpr int CODE_OFF = 16 * D, SIDE_OFF = CODE_OFF + (FMT4 ? 8 * D : 128 * NW), TB = SIDE_OFF + SIDE;
+// where a tile's raw-group count sits in its side area, as a mask of the u32 at SIDE_OFF + NRAW_AT
+constexpr int NRAW_AT = FMT4 ? 0 : 32;
+constexpr u32 NRAW_MASK = FMT4 ? 0xFFu : 0xFF00u;
 constexpr int BLOCK_BYTES = (T / 16) * TB;
 constexpr int CONST_BYTES = 2 * KS * 32 * 16;
 static_assert(D == 64 || D == 128, "prototype: head_dim 64 or 128");
@@ -58,8 +65,8 @@ __device__ __forceinline__ void build_consts(uint4* cst, const unsigned char* k8
         b8 = gaac_v3::pair_const(v8[c], v8[c]);
         b16 = gaac_v3::pair_const(v16[c], v16[c]);
       }
-      r[i] = b8;
-      r[2 + i] = b8 ^ b16;
+      r[i] = FMT4 ? b16 : b8;  // F4: one window per channel, base16
+      r[2 + i] = FMT4 ? 0u : b8 ^ b16;
     }
     cst[idx] = make_uint4(r[0], r[1], r[2], r[3]);
   }
@@ -68,6 +75,71 @@ __device__ __forceinline__ void build_consts(uint4* cst, const unsigned char* k8
 // One lane's view of a staged compressed tile: its words in registers, its side-area offsets.
 // RAW: the tile lists raw groups (a warp-uniform choice made per tile from both kinds' headers); a lane
 // holds at most 2 of them (the encoder stores a tile with more as BF16), found once in load().
+#if FMT4
+// F4 (format4.py): every group 4-bit or raw; pair j of group s = bitsel(SIGN_MANT, PRMT(sm), base16 pair +
+// (rotr(w_s, 4 j) & 0x07800780) [+ (rotr(hi_s, 4 j) & 0x78007800) for a raw group]). No mask, no h bytes.
+template <bool IS_V, bool RAW>
+struct LaneTile {
+  uint4 sm[NP / 8];
+  uint4 cw4[KS / 4];
+  u32 rs0, nib0;  // RAW: this lane's raw group of this kind (s, high-nibble word); s = 0xFF when none
+  const uint4* cst;
+  int lane;
+
+  __device__ __forceinline__ void load(const unsigned char* tb, const uint4* cst_kind, int lane_) {
+    lane = lane_;
+    cst = cst_kind;
+#pragma unroll
+    for (int u = 0; u < NP / 8; ++u) sm[u] = *reinterpret_cast<const uint4*>(tb + u * 512 + lane * 16);
+#pragma unroll
+    for (int u = 0; u < KS / 4; ++u) cw4[u] = *reinterpret_cast<const uint4*>(tb + CODE_OFF + u * 512 + lane * 16);
+    rs0 = 0xFFu;
+    nib0 = 0u;
+    if (RAW) {  // all 3 record slots, unconditionally (8-byte aligned); the encoder allows one per lane
+      const unsigned char* side = tb + SIDE_OFF;
+      const u32 n_raw = side[0];
+#pragma unroll
+      for (u32 r = 0; r < 3; ++r) {
+        const uint2 rec = *reinterpret_cast<const uint2*>(side + 8 + 8 * r);
+        const bool hit = r < n_raw && (rec.y & 0xFFu) == static_cast<u32>(lane);
+        rs0 = hit ? (rec.y >> 8) & 0xFFu : rs0;
+        nib0 = hit ? rec.x : nib0;
+      }
+    }
+  }
+
+  __device__ __forceinline__ u32 smw(int q) const {
+    const uint4 v = sm[q >> 3];
+    const int k = (q >> 1) & 3;
+    return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
+  }
+
+  __device__ __forceinline__ void group(int s, u32 (&a)[4]) const {
+    const uint4 c4 = cst[s * 32 + lane];
+    const uint4 wv = cw4[s >> 2];
+    const u32 w = (s & 3) == 0 ? wv.x : (s & 3) == 1 ? wv.y : (s & 3) == 2 ? wv.z : wv.w;
+#if WIDE_FIX
+    const u32 hw = RAW && static_cast<u32>(s) == rs0 ? nib0 : 0u;
+#else
+    const u32 hw = 0u;
+#endif
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int q = 4 * s + j;
+      const u32 x = gaac_v3::prmt(smw(q), 0, (q & 1) ? 0x3322u : 0x1100u);
+      const u32 f = __funnelshift_r(w, w, 4 * j) & 0x07800780u;
+      const int i = IS_V ? (j & 1) : (j >> 1);
+      const u32 base = i ? c4.y : c4.x;
+      if (RAW && WIDE_FIX) {  // code = low + 16 high, mod 256: the add may carry into bit 15, which bitsel drops
+        const u32 fh = __funnelshift_r(hw, hw, 4 * j) & 0x78007800u;
+        a[j] = gaac_v3::bitsel(gaac_v3::SIGN_MANT, x, base + f + fh);
+      } else {  // base16 + code < 256 (the encoder's 4-bit test): no carry out of the exponent field
+        a[j] = gaac_v3::bitsel(gaac_v3::SIGN_MANT, x, base) + f;
+      }
+    }
+  }
+};
+#else
 template <bool IS_V, bool RAW>
 struct LaneTile {
   uint4 sm[NP / 8];
@@ -159,6 +231,7 @@ struct LaneTile {
 #endif
   }
 };
+#endif  // FMT4
 
 // Pair coordinates (row, col of the low value) of register j of k-step s of this lane
 __device__ __forceinline__ void pair_rc(bool is_v, int lane, int s, int j, int& row, int& col) {
@@ -319,7 +392,8 @@ regtile_decode_split(const u16* __restrict__ q,            // [B, Hkv*G, D]
 #endif
       // the common case: both tiles compressed; one straight-line body per tile (no branch per k-step),
       // with the raw-group fix compiled in only for tiles that list raw groups
-      const u32 nraw = (*reinterpret_cast<const u32*>(sl + SIDE_OFF + 32) | *reinterpret_cast<const u32*>(sl + TB + SIDE_OFF + 32)) & 0xFF00u;
+      const u32 nraw = (*reinterpret_cast<const u32*>(sl + SIDE_OFF + NRAW_AT) |
+                        *reinterpret_cast<const u32*>(sl + TB + SIDE_OFF + NRAW_AT)) & NRAW_MASK;
       if (nraw == 0) compressed_tile<false>(st, sl, cst, tok0, lo, hi, lane, scale_log2);
       else compressed_tile<true>(st, sl, cst, tok0, lo, hi, lane, scale_log2);
     } else {
