@@ -42,7 +42,7 @@ def module(D, G, W, S, ctas, wide_fix=1):
 
 def smem_bytes(D, W, S):
     geo = F.Geometry(D)
-    return 2 * (D // 16) * 32 * 16 + W * S * 2 * geo.tile_bytes
+    return 2 * (D // 16) * 32 * (8 if F is F4 else 16) + W * S * 2 * geo.tile_bytes
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -101,13 +101,23 @@ class Case:
         from gaac_hf.calibration.synthetic import calibrate, synthetic_kv
         from gaac_hf.kernels.cuda.attention import pack_paged_bf16
 
-        hq, hkv, d = harness.ATTENTION_SHAPES[shape]
+        real = shape.endswith("-real")  # real K/V of one SmolLM2 layer (dump_real.py), the shipped bases
+        hq, hkv, d = harness.ATTENTION_SHAPES["smollm2-135m" if real else shape]
         self.shape, self.B, self.S, self.hq, self.hkv, self.d = shape, B, S, hq, hkv, d
         dev = "cuda"
-        self.k = synthetic_kv((B, hkv, S, d), "k", seed, device=dev)
-        self.v = synthetic_kv((B, hkv, S, d), "v", seed + 1, device=dev)
+        if real:
+            dump = torch.load(REPO / ".kvdump" / "regtile_real_smollm2.pt")
+            if dump["k"].shape[2] < S:
+                raise ValueError(f"the real dump holds {dump['k'].shape[2]} tokens, the case asks {S}")
+            # the batch repeats the same sequences (bytes in DRAM are what the timing sees; L2 is flushed)
+            self.k = dump["k"][:, :, :S].expand(B, -1, -1, -1).contiguous().to(dev)
+            self.v = dump["v"][:, :, :S].expand(B, -1, -1, -1).contiguous().to(dev)
+            k8, k16, v8, v16 = (dump[n].to(torch.uint8).to(dev) for n in ("b8k", "b16k", "b8v", "b16v"))
+        else:
+            self.k = synthetic_kv((B, hkv, S, d), "k", seed, device=dev)
+            self.v = synthetic_kv((B, hkv, S, d), "v", seed + 1, device=dev)
+            (k8, k16), (v8, v16) = calibrate(self.k), calibrate(self.v)
         self.q = torch.randn(B, hq, d, generator=torch.Generator(device=dev).manual_seed(seed), device=dev).to(torch.bfloat16)
-        (k8, k16), (v8, v16) = calibrate(self.k), calibrate(self.v)
         self.bases = [t.contiguous() for t in (k8, k16, v8, v16)]
         lens = [S] * B
         g = torch.Generator().manual_seed(seed)
@@ -164,11 +174,10 @@ class Case:
             pk["tail_len"], config=cfg, out=out)
 
     def fused_v3(self):
-        from gaac_hf.calibration.synthetic import calibrate
         from gaac_hf.kernels.cuda.fused_attention import gaac_decode_attention_v3, pack_paged_v3
 
         if self.v3 is None:
-            bk, bv = calibrate(self.k), calibrate(self.v)
+            bk, bv = (self.bases[0], self.bases[1]), (self.bases[2], self.bases[3])
             self.v3 = pack_paged_v3(self.k, self.v, [self.S] * self.B, 64, torch.stack([torch.stack(bk), torch.stack(bv)]))
         out = torch.empty_like(self.q)
         return lambda: gaac_decode_attention_v3(self.q, self.v3, out=out)
@@ -178,6 +187,11 @@ def launches(case):
     """(W, S, CTAs per SM) options that fit shared memory and the registers measured on sm_90a (168 at d=128,
     ~112 at d=64), with the split count filling one wave."""
     out = []
+    if F is F4:  # session 17: 128 registers at MIN_CTAS_PER_SM = 16 / W without spills (ptxas, sm_90a)
+        for W, S, ctas in ((4, 2, 3), (4, 2, 4), (8, 2, 2), (8, 2, 1), (2, 2, 8), (8, 3, 1)):
+            if (smem_bytes(case.d, W, S) + 1024) * ctas <= 227 * 1024:
+                out.append((W, S, ctas, max(1, (132 * ctas) // (case.B * case.hkv))))
+        return out
     regs = 168 if case.d == 128 else 112
     for W, S in ((4, 2), (2, 2), (8, 2), (4, 3), (2, 4)):
         for ctas in range(8, 0, -1):

@@ -43,13 +43,17 @@ constexpr int CODE_OFF = 16 * D, SIDE_OFF = CODE_OFF + (FMT4 ? 8 * D : 128 * NW)
 constexpr int NRAW_AT = FMT4 ? 0 : 32;
 constexpr u32 NRAW_MASK = FMT4 ? 0xFFu : 0xFF00u;
 constexpr int BLOCK_BYTES = (T / 16) * TB;
-constexpr int CONST_BYTES = 2 * KS * 32 * 16;
+// per-lane pair constants: F4 needs base16 pairs only (uint2), the 3-bit layout base8 and base8 ^ base16 (uint4)
+template <bool F4> struct CstOf { using type = uint4; };  // (no <type_traits> under NVRTC)
+template <> struct CstOf<true> { using type = uint2; };
+using Cst = CstOf<FMT4 != 0>::type;
+constexpr int CONST_BYTES = 2 * KS * 32 * static_cast<int>(sizeof(Cst));
 static_assert(D == 64 || D == 128, "prototype: head_dim 64 or 128");
 static_assert(TB % 16 == 0, "tile records are 16-byte multiples");
 
 // Per-lane pair constants of one kind, [KS][32] uint4 {b8p0, b8p1, b8p0 ^ b16p0, b8p1 ^ b16p1}: index i
 // is the channel pair of registers j with (K) j >> 1 == i, (V) j & 1 == i.
-__device__ __forceinline__ void build_consts(uint4* cst, const unsigned char* k8, const unsigned char* k16,
+__device__ __forceinline__ void build_consts(Cst* cst, const unsigned char* k8, const unsigned char* k16,
                                              const unsigned char* v8, const unsigned char* v16) {
   for (int idx = threadIdx.x; idx < 2 * KS * 32; idx += blockDim.x) {
     const int kind = idx / (KS * 32), s = (idx / 32) % KS, lane = idx % 32, g = lane >> 2, t = lane & 3;
@@ -68,7 +72,11 @@ __device__ __forceinline__ void build_consts(uint4* cst, const unsigned char* k8
       r[i] = FMT4 ? b16 : b8;  // F4: one window per channel, base16
       r[2 + i] = FMT4 ? 0u : b8 ^ b16;
     }
+#if FMT4
+    cst[idx] = make_uint2(r[0], r[1]);
+#else
     cst[idx] = make_uint4(r[0], r[1], r[2], r[3]);
+#endif
   }
 }
 
@@ -83,10 +91,10 @@ struct LaneTile {
   uint4 sm[NP / 8];
   uint4 cw4[KS / 4];
   u32 rs0, nib0;  // RAW: this lane's raw group of this kind (s, high-nibble word); s = 0xFF when none
-  const uint4* cst;
+  const Cst* cst;
   int lane;
 
-  __device__ __forceinline__ void load(const unsigned char* tb, const uint4* cst_kind, int lane_) {
+  __device__ __forceinline__ void load(const unsigned char* tb, const Cst* cst_kind, int lane_) {
     lane = lane_;
     cst = cst_kind;
 #pragma unroll
@@ -115,7 +123,7 @@ struct LaneTile {
   }
 
   __device__ __forceinline__ void group(int s, u32 (&a)[4]) const {
-    const uint4 c4 = cst[s * 32 + lane];
+    const uint2 c4 = cst[s * 32 + lane];
     const uint4 wv = cw4[s >> 2];
     const u32 w = (s & 3) == 0 ? wv.x : (s & 3) == 1 ? wv.y : (s & 3) == 2 ? wv.z : wv.w;
 #if WIDE_FIX
@@ -147,10 +155,10 @@ struct LaneTile {
   u32 mask, hpos;
   u32 rs0, rs1, nib0, nib1;  // RAW: this lane's raw groups (s, code bits 4-7); s = 0xFF when none
   const unsigned char* side;
-  const uint4* cst;  // this kind's constants, [KS][32]
+  const Cst* cst;  // this kind's constants, [KS][32]
   int lane;
 
-  __device__ __forceinline__ void load(const unsigned char* tb, const uint4* cst_kind, int lane_) {
+  __device__ __forceinline__ void load(const unsigned char* tb, const Cst* cst_kind, int lane_) {
     lane = lane_;
     cst = cst_kind;
 #pragma unroll
@@ -297,11 +305,14 @@ __device__ __forceinline__ void issue(unsigned char* slot, Src ks, Src vs, unsig
   }
 }
 
-// Attend to one warp-tile whose K and V tiles are both compressed and staged at sl (K) / sl + TB (V), all of
-// whose 16 rows are attended (tiles at a split's or sequence's edge take the general path, which masks V).
-template <bool RAW>
-__device__ __forceinline__ void compressed_tile(attend::WarpState& st, const unsigned char* sl, const uint4* cst, int tok0,
-                                                int lo, int hi, int lane, float scale_log2) {
+// Attend to one warp-tile whose K and V tiles are both compressed and staged at sl (K) / sl + TB (V).
+// EDGE: a tile at a split's or the sequence's edge (V rows outside [vlo, vhi) zeroed, as the twin stages them).
+// Every tile kind is its own straight-line instantiation (compressed / mixed / BF16 are chosen per tile
+// outside): one body with run-time branches between the kinds kept both kinds' state live and cost the
+// kernel 45 registers (153 vs 108, session 17), i.e. a CTA per SM.
+template <bool RAW, bool EDGE = false>
+__device__ __forceinline__ void compressed_tile(attend::WarpState& st, const unsigned char* sl, const Cst* cst, int tok0,
+                                                int lo, int hi, int lane, float scale_log2, int vlo = 0, int vhi = 16) {
   LaneTile<false, RAW> kl;
   LaneTile<true, RAW> vl;
   st.rows_from(
@@ -312,6 +323,36 @@ __device__ __forceinline__ void compressed_tile(attend::WarpState& st, const uns
       [&](int m, u32 (&a)[4]) {
         if (m == 0) vl.load(sl + TB, cst + KS * 32, lane);
         vl.group(m, a);
+        if (EDGE) mask_v(lane, vlo, vhi, a);
+      },
+      tok0, lo, hi, lane, scale_log2);
+}
+
+// A warp-tile with at least one kind stored BF16 (a block that did not fit, or the tail): KC / VC say which
+// kinds are compressed (staged in the slot); BF16 kinds are read from global memory.
+template <bool KC, bool VC>
+__device__ __forceinline__ void mixed_tile(attend::WarpState& st, const unsigned char* sl, const Cst* cst, Src ks, Src vs,
+                                           int tok0, int lo, int hi, int vlo, int vhi, bool edge, int lane,
+                                           float scale_log2) {
+  LaneTile<false, true> kl;
+  LaneTile<true, true> vl;
+  st.rows_from(
+      [&](int k, u32 (&a)[4]) {
+        if (KC) {
+          if (k == 0) kl.load(sl, cst, lane);
+          kl.group(k, a);
+        } else {
+          bf16_group(ks.bf16, false, lane, k, vlo, vhi, a);
+        }
+      },
+      [&](int m, u32 (&a)[4]) {
+        if (VC) {
+          if (m == 0) vl.load(sl + TB, cst + KS * 32, lane);
+          vl.group(m, a);
+          if (edge) mask_v(lane, vlo, vhi, a);
+        } else {
+          bf16_group(vs.bf16, true, lane, m, vlo, vhi, a);
+        }
       },
       tok0, lo, hi, lane, scale_log2);
 }
@@ -331,7 +372,7 @@ regtile_decode_split(const u16* __restrict__ q,            // [B, Hkv*G, D]
                      u16* __restrict__ out, int* __restrict__ counters, int hkv, int max_blocks, int tokens_per_split,
                      float scale_log2) {
   extern __shared__ __align__(128) unsigned char smem[];
-  uint4* cst = reinterpret_cast<uint4*>(smem);                  // [2][KS][32]
+  Cst* cst = reinterpret_cast<Cst*>(smem);                  // [2][KS][32]
   unsigned char* ring = smem + CONST_BYTES;                      // [W][S][2][TB]
   __shared__ __align__(8) unsigned long long bars[W * S];
 
@@ -396,25 +437,14 @@ regtile_decode_split(const u16* __restrict__ q,            // [B, Hkv*G, D]
                         *reinterpret_cast<const u32*>(sl + TB + SIDE_OFF + NRAW_AT)) & NRAW_MASK;
       if (nraw == 0) compressed_tile<false>(st, sl, cst, tok0, lo, hi, lane, scale_log2);
       else compressed_tile<true>(st, sl, cst, tok0, lo, hi, lane, scale_log2);
+    } else if (ks.comp && vs.comp) {
+      compressed_tile<true, true>(st, sl, cst, tok0, lo, hi, lane, scale_log2, vlo, vhi);
+    } else if (ks.comp) {
+      mixed_tile<true, false>(st, sl, cst, ks, vs, tok0, lo, hi, vlo, vhi, edge, lane, scale_log2);
+    } else if (vs.comp) {
+      mixed_tile<false, true>(st, sl, cst, ks, vs, tok0, lo, hi, vlo, vhi, edge, lane, scale_log2);
     } else {
-      LaneTile<false, true> kl;
-      LaneTile<true, true> vl;
-      st.rows_from(
-          [&](int k, u32 (&a)[4]) {
-            if (ks.comp && k == 0) kl.load(sl, cst, lane);
-            if (ks.comp) kl.group(k, a);
-            else bf16_group(ks.bf16, false, lane, k, vlo, vhi, a);
-          },
-          [&](int m, u32 (&a)[4]) {
-            if (vs.comp) {
-              if (m == 0) vl.load(sl + TB, cst + KS * 32, lane);
-              vl.group(m, a);
-              if (edge) mask_v(lane, vlo, vhi, a);
-            } else {
-              bf16_group(vs.bf16, true, lane, m, vlo, vhi, a);
-            }
-          },
-          tok0, lo, hi, lane, scale_log2);
+      mixed_tile<false, false>(st, sl, cst, ks, vs, tok0, lo, hi, vlo, vhi, edge, lane, scale_log2);
     }
   }
   __syncthreads();
@@ -428,7 +458,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 regtile_dump(const unsigned char* __restrict__ pool, const unsigned char* __restrict__ b8,
              const unsigned char* __restrict__ b16, int n_tiles, int is_v, u16* __restrict__ out) {
   extern __shared__ __align__(128) unsigned char smem[];
-  uint4* cst = reinterpret_cast<uint4*>(smem);
+  Cst* cst = reinterpret_cast<Cst*>(smem);
   unsigned char* ring = smem + CONST_BYTES;
   __shared__ __align__(8) unsigned long long bars[W];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
