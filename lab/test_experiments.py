@@ -16,3 +16,61 @@ def test_row_offset_decoder_is_bit_exact(d):
     import decode_rowoff
 
     assert decode_rowoff._check_cpu_dim(d)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# register tiles (lab/experiments/regtile): the layouts' reference codecs round-trip every bit
+# ---------------------------------------------------------------------------------------------------------
+sys.path.insert(0, str(Path(__file__).resolve().parent / "experiments" / "regtile"))
+
+
+def _kv_with_patterns(D, kind, seed):
+    import torch
+    from gaac_hf.calibration.synthetic import calibrate, synthetic_kv
+
+    x = synthetic_kv((1, 1, 1024 * 16, D), kind, seed)[0, 0]
+    b8, b16 = calibrate(x[None, None])
+    tiles = x.reshape(-1, 16, D).clone()
+    g = torch.Generator().manual_seed(seed)
+    n = tiles.shape[0]
+    # 1,024 arbitrary 16-bit patterns (NaN payloads, Inf, zeros, subnormals) plus every pattern of one high byte
+    pats = torch.cat([torch.randint(-32768, 32768, (768,), generator=g), torch.arange(256) - 128 + (0x7F << 8)]).to(torch.int16)
+    ti = torch.arange(pats.numel()) % n
+    r, c = torch.randint(0, 16, (pats.numel(),), generator=g), torch.randint(0, D, (pats.numel(),), generator=g)
+    tiles.view(torch.int16)[ti, r, c] = pats
+    return tiles.reshape(-1, 64, D), b8[0], b16[0]
+
+
+@pytest.mark.parametrize("layout", ["format", "format4"])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("kind", ["k", "v"])
+def test_register_tile_layouts_round_trip(layout, D, kind):
+    import importlib
+
+    import torch
+
+    F = importlib.import_module(layout)
+    blocks, b8, b16 = _kv_with_patterns(D, kind, 5)
+    enc = F.encode(blocks, b8, b16, kind)
+    assert enc.data.shape == (blocks.shape[0], F.Geometry(D).block_bytes)
+    assert enc.fits.sum() >= 64, "enough blocks must fit the layout to be checked"  # (3-bit d=64: ~1/3 fit here)
+    assert (enc.modes == 2).any(), "the data must exercise raw groups"
+    dec = F.decode(enc.data[enc.fits], b8, b16, D, kind)
+    assert torch.equal(dec.view(torch.int16), blocks[enc.fits].view(torch.int16))
+
+
+def test_format4_rotated_codes_are_what_the_kernel_extracts():
+    """regtile.cu (FMT4) takes pair j's codes as rotr(w, 4j) & 0x07800780 and a raw group's high nibbles as
+    rotr(h, 4j) & 0x78007800: check both against the layout's own unpacking, and that a wrong rotation fails."""
+    import torch
+    import format4 as F4
+
+    w = torch.randint(0, 2**32, (4096,), dtype=torch.int64, generator=torch.Generator().manual_seed(0))
+    nib = F4._unpack(w, 7)
+    assert torch.equal(F4._pack(nib, 7), w)
+    for j in range(4):
+        want = (nib[:, j, 0] << 7) | (nib[:, j, 1] << 23)
+        assert torch.equal(F4._rotr(w, 4 * j) & F4.CODE_MASK, want)
+        assert torch.equal(F4._rotr(F4._pack(nib, 11), 4 * j) & F4.HIGH_MASK, want << 4)
+        if j:  # mutation: the rotation of the previous pair gives other codes
+            assert not torch.equal(F4._rotr(w, 4 * (j - 1)) & F4.CODE_MASK, want)
