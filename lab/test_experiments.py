@@ -41,7 +41,7 @@ def _kv_with_patterns(D, kind, seed):
     return tiles.reshape(-1, 64, D), b8[0], b16[0]
 
 
-@pytest.mark.parametrize("layout", ["format", "format4"])
+@pytest.mark.parametrize("layout", ["format", "format4", "format4i"])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("kind", ["k", "v"])
 def test_register_tile_layouts_round_trip(layout, D, kind):

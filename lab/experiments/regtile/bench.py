@@ -25,6 +25,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO / "eval"))
 import format as F  # noqa: E402  (the layout under test; main() switches it to format4 with --fmt 4)
 import format4 as F4  # noqa: E402
+import format4i as F4i  # noqa: E402
 import harness  # noqa: E402
 
 from gaac_hf.kernels.cuda import runtime  # noqa: E402
@@ -37,12 +38,12 @@ LOG2E = 1.4426950408889634
 
 def module(D, G, W, S, ctas, wide_fix=1):
     return runtime.load(SOURCE, dict(HEAD_DIM=D, QUERY_GROUP=G, WARPS=W, STAGES=S, MIN_CTAS_PER_SM=ctas,
-                                     WIDE_FIX=wide_fix, FMT4=int(F is F4)), torch.device("cuda"))
+                                     WIDE_FIX=wide_fix, FMT4={F4: 1, F4i: 2}.get(F, 0)), torch.device("cuda"))
 
 
 def smem_bytes(D, W, S):
     geo = F.Geometry(D)
-    return 2 * (D // 16) * 32 * (8 if F is F4 else 16) + W * S * 2 * geo.tile_bytes
+    return 2 * (D // 16) * 32 * (8 if F in (F4, F4i) else 16) + W * S * 2 * geo.tile_bytes
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -187,7 +188,7 @@ def launches(case):
     """(W, S, CTAs per SM) options that fit shared memory and the registers measured on sm_90a (168 at d=128,
     ~112 at d=64), with the split count filling one wave."""
     out = []
-    if F is F4:  # session 17: 128 registers at MIN_CTAS_PER_SM = 16 / W without spills (ptxas, sm_90a)
+    if F in (F4, F4i):  # session 17: 128 registers at MIN_CTAS_PER_SM = 16 / W without spills (ptxas, sm_90a)
         for W, S, ctas in ((4, 2, 3), (4, 2, 4), (8, 2, 2), (8, 2, 1), (2, 2, 8), (8, 3, 1)):
             if (smem_bytes(case.d, W, S) + 1024) * ctas <= 227 * 1024:
                 out.append((W, S, ctas, max(1, (132 * ctas) // (case.B * case.hkv))))
@@ -213,12 +214,12 @@ def main(argv=None):
     ap.add_argument("--out", required=True)
     ap.add_argument("--cases", default="qwen3-8b:1:65536,qwen3-8b:4:65536,qwen3-8b:1:131072,qwen3-8b:16:32768")
     ap.add_argument("--skip-decode", action="store_true")
-    ap.add_argument("--fmt", type=int, choices=(3, 4), default=3,
-                    help="3: format.py (3-bit groups + 4-bit fix); 4: format4.py (fixed 4-bit lanes)")
+    ap.add_argument("--fmt", choices=("3", "4", "4i"), default="3",
+                    help="3: format.py (3-bit groups + 4-bit fix); 4: format4.py (fixed 4-bit lanes); 4i: format4i.py "
+                         "(F4 with sign/mantissa words)")
     a = ap.parse_args(argv)
     global F
-    if a.fmt == 4:
-        F = F4
+    F = {"3": F, "4": F4, "4i": F4i}[a.fmt]
     result = dict(provenance=harness.provenance(argv=sys.argv), timer="cuda-graph replay, L2 flushed, median of 15",
                   data="synthetic KV-like (calibration.synthetic)", layout=F.__name__, decode={}, cases=[])
     path = Path(a.out)

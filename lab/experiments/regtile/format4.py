@@ -110,6 +110,31 @@ class Encoded:
     modes: torch.Tensor  # int32 [N, 4, 32, KS]
 
 
+def _inplace(sm: torch.Tensor) -> torch.Tensor:
+    """sm bytes int64 [..., 2] of a pair -> its bits at their BF16 places (mantissas 0-6 / 16-22, signs 15 / 31)."""
+    return (sm[..., 0] & 0x7F) | ((sm[..., 0] >> 7) << 15) | ((sm[..., 1] & 0x7F) << 16) | ((sm[..., 1] >> 7) << 31)
+
+
+def _from_inplace(w: torch.Tensor) -> torch.Tensor:
+    return torch.stack([(w & 0x7F) | (((w >> 15) & 1) << 7), ((w >> 16) & 0x7F) | (((w >> 31) & 1) << 7)], -1)
+
+
+def sm_words(sm: torch.Tensor) -> torch.Tensor:
+    """SM_INPLACE layout: sm bytes [..., NP, 2] -> u32 words [..., NP / 2]: word k holds pair 2k's bits at their
+    BF16 places and pair 2k+1's rotated left by 8 (into the exponent holes: bits 7-14 and 23-30), so the kernel
+    takes pair 2k as the word itself and pair 2k+1 as rotr(word, 8): no PRMT (session 17)."""
+    p = _inplace(sm.to(torch.int64))
+    return p[..., 0::2] | _rotl(p[..., 1::2], 8)
+
+
+def sm_from_words(w: torch.Tensor) -> torch.Tensor:
+    p = torch.stack([w & 0x807F807F, _rotr(w, 8) & 0x807F807F], -1).flatten(-2)
+    return _from_inplace(p)
+
+
+SM_INPLACE = False  # the layout variant (format4i.py sets it): sign/mantissa words instead of PRMT bytes
+
+
 def encode(x: torch.Tensor, base8: torch.Tensor, base16: torch.Tensor, kind: str) -> Encoded:
     """x bf16 [N, 64, D] blocks of one (layer, kv head), uint8 bases [D] (base8 unused: one window) -> Encoded."""
     N, T, D = x.shape
@@ -125,7 +150,11 @@ def encode(x: torch.Tensor, base8: torch.Tensor, base16: torch.Tensor, kind: str
     cg = c.reshape(n, LANES, KS, 4, 2)
     raw = (cg >= 16).flatten(-2).any(-1)                    # [n, 32, KS]
     mode = torch.where(raw, MODE_RAW, MODE_4).to(torch.int32)
-    smp = sm.to(torch.uint8).reshape(n, LANES, geo.NP // 8, 16).permute(0, 2, 1, 3).reshape(n, -1)
+    if SM_INPLACE:  # same bytes per lane (uint4 u holds words 4u..4u+3), words instead of byte pairs
+        smw = F._le_bytes(sm_words(sm), 4)                     # [n, 32, NP / 2, 4]
+        smp = smw.reshape(n, LANES, geo.NP // 8, 16).permute(0, 2, 1, 3).reshape(n, -1)
+    else:
+        smp = sm.to(torch.uint8).reshape(n, LANES, geo.NP // 8, 16).permute(0, 2, 1, 3).reshape(n, -1)
     words = _pack(cg & 0xF, 7)                              # [n, 32, KS]
     codep = F._le_bytes(words.reshape(n, LANES, KS // 4, 4).permute(0, 2, 1, 3), 4).reshape(n, -1)
     high = _pack(cg >> 4, 11)                               # [n, 32, KS]
@@ -156,6 +185,9 @@ def decode(data: torch.Tensor, base8: torch.Tensor, base16: torch.Tensor, D: int
     t = data.reshape(N * 4, geo.tile_bytes)
     n, KS = t.shape[0], geo.KS
     sm = t[:, : geo.code_off].reshape(n, geo.NP // 8, LANES, 16).permute(0, 2, 1, 3).reshape(n, LANES, geo.NP, 2)
+    if SM_INPLACE:
+        b = sm.to(torch.int64).reshape(n, LANES, geo.NP // 2, 4)
+        sm = sm_from_words((b << (8 * torch.arange(4, device=dev))).sum(-1))
     cb = t[:, geo.code_off: geo.side_off].to(torch.int64).reshape(n, KS // 4, LANES, 4, 4)
     words = (cb << (8 * torch.arange(4, device=dev))).sum(-1).permute(0, 2, 1, 3).reshape(n, LANES, KS)
     lo = _unpack(words, 7)                                   # [n, 32, KS, 4, 2]

@@ -12,7 +12,8 @@
 //
 // Defines: HEAD_DIM (64, 128), QUERY_GROUP, WARPS, STAGES (>= 2), MIN_CTAS_PER_SM, WIDE_FIX (1; 0 = probe that
 // skips the 4-bit / raw fix-up: wrong bits, timing only), FMT4 (1: the fixed 4-bit lane layout of format4.py,
-// whose pairs need no fix-up; WIDE_FIX=0 then skips only the raw groups' high nibbles).
+// whose pairs need no fix-up; WIDE_FIX=0 then skips only the raw groups' high nibbles; 2: its variant with
+// sign/mantissa words, format4i.py).
 #include "gaac_v3/core.cuh"  // first: its GROUP constant (8 channels) collides with the query-group define
 #define GROUP QUERY_GROUP
 #include "gaac/ptx.cuh"
@@ -134,7 +135,11 @@ struct LaneTile {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int q = 4 * s + j;
+#if FMT4 == 2  // sign/mantissa words (format4.SM_INPLACE): even pairs in place, odd pairs rotated by 8
+      const u32 x = (q & 1) ? __funnelshift_r(smw(q), smw(q), 8) : smw(q);
+#else
       const u32 x = gaac_v3::prmt(smw(q), 0, (q & 1) ? 0x3322u : 0x1100u);
+#endif
       const u32 f = __funnelshift_r(w, w, 4 * j) & 0x07800780u;
       const int i = IS_V ? (j & 1) : (j >> 1);
       const u32 base = i ? c4.y : c4.x;
