@@ -189,7 +189,7 @@ def launches(case):
     ~112 at d=64), with the split count filling one wave."""
     out = []
     if F in (F4, F4i):  # session 17: 128 registers at MIN_CTAS_PER_SM = 16 / W without spills (ptxas, sm_90a)
-        for W, S, ctas in ((4, 2, 3), (4, 2, 4), (8, 2, 2), (8, 2, 1), (2, 2, 8), (8, 3, 1)):
+        for W, S, ctas in ((4, 2, 3), (4, 2, 4), (8, 2, 2), (8, 2, 1), (2, 2, 8), (8, 3, 1), (2, 4, 4), (2, 3, 5), (4, 3, 2)):
             if (smem_bytes(case.d, W, S) + 1024) * ctas <= 227 * 1024:
                 out.append((W, S, ctas, max(1, (132 * ctas) // (case.B * case.hkv))))
         return out
