@@ -9,6 +9,7 @@ every case.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -36,9 +37,15 @@ SOURCE = str(HERE / "regtile.cu")
 LOG2E = 1.4426950408889634
 
 
+# the runtime's cache key hashes the source and kernels/cuda's headers, not this folder's f4_pair.h: its digest
+# goes in as a define, so an edited header never reuses a stale cubin
+LAB_HEADERS = int(hashlib.sha256((HERE / "f4_pair.h").read_bytes()).hexdigest()[:7], 16)
+
+
 def module(D, G, W, S, ctas, wide_fix=1):
     return runtime.load(SOURCE, dict(HEAD_DIM=D, QUERY_GROUP=G, WARPS=W, STAGES=S, MIN_CTAS_PER_SM=ctas,
-                                     WIDE_FIX=wide_fix, FMT4={F4: 1, F4i: 2}.get(F, 0)), torch.device("cuda"))
+                                     WIDE_FIX=wide_fix, FMT4={F4: 1, F4i: 2}.get(F, 0), LAB_HEADERS=LAB_HEADERS),
+                        torch.device("cuda"))
 
 
 def smem_bytes(D, W, S):

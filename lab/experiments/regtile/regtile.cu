@@ -18,6 +18,7 @@
 #define GROUP QUERY_GROUP
 #include "gaac/ptx.cuh"
 #include "gaac/attend.cuh"
+#include "f4_pair.h"  // F4 pair decode (host + device; g++-tested in lab/test_experiments.py)
 
 #ifndef MIN_CTAS_PER_SM
 #define MIN_CTAS_PER_SM 1
@@ -135,20 +136,9 @@ struct LaneTile {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int q = 4 * s + j;
-#if FMT4 == 2  // sign/mantissa words (format4.SM_INPLACE): even pairs in place, odd pairs rotated by 8
-      const u32 x = (q & 1) ? __funnelshift_r(smw(q), smw(q), 8) : smw(q);
-#else
-      const u32 x = gaac_v3::prmt(smw(q), 0, (q & 1) ? 0x3322u : 0x1100u);
-#endif
-      const u32 f = __funnelshift_r(w, w, 4 * j) & 0x07800780u;
+      const u32 x = gaac_f4::sm_bits<FMT4 == 2>(smw(q), q);  // FMT4 2: sign/mantissa words (format4i.py)
       const int i = IS_V ? (j & 1) : (j >> 1);
-      const u32 base = i ? c4.y : c4.x;
-      if (RAW && WIDE_FIX) {  // code = low + 16 high, mod 256: the add may carry into bit 15, which bitsel drops
-        const u32 fh = __funnelshift_r(hw, hw, 4 * j) & 0x78007800u;
-        a[j] = gaac_v3::bitsel(gaac_v3::SIGN_MANT, x, base + f + fh);
-      } else {  // base16 + code < 256 (the encoder's 4-bit test): no carry out of the exponent field
-        a[j] = gaac_v3::bitsel(gaac_v3::SIGN_MANT, x, base) + f;
-      }
+      a[j] = gaac_f4::pair<RAW && WIDE_FIX>(x, w, hw, i ? c4.y : c4.x, j);
     }
   }
 };
