@@ -39,38 +39,16 @@ CODE_MASK, HIGH_MASK = 0x07800780, 0x78007800
 
 
 @dataclass(frozen=True)
-class Geometry:
-    D: int
-
-    def __post_init__(self):
-        if self.D not in (64, 128):
-            raise ValueError(f"the prototype takes head_dim 64 or 128, got {self.D}")
+class Geometry(F.Geometry):
+    """format.py's geometry (lanes, planes, blocks) with F4's code plane (4 bits per value) and side area."""
 
     @property
-    def NP(self) -> int:
-        return self.D // 4
-
-    @property
-    def KS(self) -> int:
-        return self.D // 16
-
-    side = SIDE
-
-    @property
-    def code_off(self) -> int:
-        return 16 * self.D
+    def side(self) -> int:
+        return SIDE
 
     @property
     def side_off(self) -> int:
         return self.code_off + 8 * self.D
-
-    @property
-    def tile_bytes(self) -> int:
-        return self.side_off + SIDE
-
-    @property
-    def block_bytes(self) -> int:
-        return (BLOCK_T // ROWS) * self.tile_bytes
 
 
 def _rotl(v: torch.Tensor, p) -> torch.Tensor:

@@ -85,12 +85,25 @@ __device__ __forceinline__ void build_consts(Cst* cst, const unsigned char* k8, 
 // One lane's view of a staged compressed tile: its words in registers, its side-area offsets.
 // RAW: the tile lists raw groups (a warp-uniform choice made per tile from both kinds' headers); a lane
 // holds at most 2 of them (the encoder stores a tile with more as BF16), found once in load().
+// A lane's sign/mantissa words of a staged tile (both layouts): uint4 u of lane l at u * 512 + 16 l.
+struct SmPlane {
+  uint4 sm[NP / 8];
+  __device__ __forceinline__ void load_sm(const unsigned char* tb, int lane) {
+#pragma unroll
+    for (int u = 0; u < NP / 8; ++u) sm[u] = *reinterpret_cast<const uint4*>(tb + u * 512 + lane * 16);
+  }
+  __device__ __forceinline__ u32 smw(int q) const {  // the word holding pair q
+    const uint4 v = sm[q >> 3];
+    const int k = (q >> 1) & 3;
+    return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
+  }
+};
+
 #if FMT4
 // F4 (format4.py): every group 4-bit or raw; pair j of group s = bitsel(SIGN_MANT, PRMT(sm), base16 pair +
 // (rotr(w_s, 4 j) & 0x07800780) [+ (rotr(hi_s, 4 j) & 0x78007800) for a raw group]). No mask, no h bytes.
 template <bool IS_V, bool RAW>
-struct LaneTile {
-  uint4 sm[NP / 8];
+struct LaneTile : SmPlane {
   uint4 cw4[KS / 4];
   u32 rs0, nib0;  // RAW: this lane's raw group of this kind (s, high-nibble word); s = 0xFF when none
   const Cst* cst;
@@ -99,8 +112,7 @@ struct LaneTile {
   __device__ __forceinline__ void load(const unsigned char* tb, const Cst* cst_kind, int lane_) {
     lane = lane_;
     cst = cst_kind;
-#pragma unroll
-    for (int u = 0; u < NP / 8; ++u) sm[u] = *reinterpret_cast<const uint4*>(tb + u * 512 + lane * 16);
+    load_sm(tb, lane);
 #pragma unroll
     for (int u = 0; u < KS / 4; ++u) cw4[u] = *reinterpret_cast<const uint4*>(tb + CODE_OFF + u * 512 + lane * 16);
     rs0 = 0xFFu;
@@ -116,12 +128,6 @@ struct LaneTile {
         nib0 = hit ? rec.x : nib0;
       }
     }
-  }
-
-  __device__ __forceinline__ u32 smw(int q) const {
-    const uint4 v = sm[q >> 3];
-    const int k = (q >> 1) & 3;
-    return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
   }
 
   __device__ __forceinline__ void group(int s, u32 (&a)[4]) const {
@@ -144,8 +150,7 @@ struct LaneTile {
 };
 #else
 template <bool IS_V, bool RAW>
-struct LaneTile {
-  uint4 sm[NP / 8];
+struct LaneTile : SmPlane {
   u32 cw[NW];
   u32 mask, hpos;
   u32 rs0, rs1, nib0, nib1;  // RAW: this lane's raw groups (s, code bits 4-7); s = 0xFF when none
@@ -156,8 +161,7 @@ struct LaneTile {
   __device__ __forceinline__ void load(const unsigned char* tb, const Cst* cst_kind, int lane_) {
     lane = lane_;
     cst = cst_kind;
-#pragma unroll
-    for (int u = 0; u < NP / 8; ++u) sm[u] = *reinterpret_cast<const uint4*>(tb + u * 512 + lane * 16);
+    load_sm(tb, lane);
 #pragma unroll
     for (int w = 0; w < NW; ++w) cw[w] = *reinterpret_cast<const u32*>(tb + CODE_OFF + w * 128 + lane * 4);
     side = tb + SIDE_OFF;
@@ -191,12 +195,6 @@ struct LaneTile {
         }
       }
     }
-  }
-
-  __device__ __forceinline__ u32 smw(int q) const {
-    const uint4 v = sm[q >> 3];
-    const int k = (q >> 1) & 3;
-    return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
   }
 
   // group s -> the 4 A-fragment registers of k-step / m-tile s
