@@ -12,7 +12,7 @@ for f in 4 4i; do
 done
 # stall reasons of F4 at Qwen3 B=1 64K, W4 S2 3 CTAs and W8 S2 2 CTAs (where does a 3.8 us warp-tile go?)
 for cfg in "4 4 2 3" "4 8 2 2"; do
-  timeout 100 ncu --clock-control none --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum,smsp__warps_active.avg.per_cycle_active,smsp__issue_active.avg.per_cycle_active,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum,gpu__time_duration.sum' \
+  timeout 70 ncu --clock-control none --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum,smsp__warps_active.avg.per_cycle_active,smsp__issue_active.avg.per_cycle_active,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum,gpu__time_duration.sum' \
     -k regex:regtile_decode_split --launch-skip 2 --launch-count 1 python3 lab/experiments/regtile/ncu_one.py $cfg > $OUT/ncu_rt_${cfg// /_}.txt 2>&1
   echo "== ncu $cfg"; grep -E "stalled|inst_executed|warps_active|issue_active|dram|duration" $OUT/ncu_rt_${cfg// /_}.txt | awk '{print $1, $(NF)}' | sort -k2 -g -r | head -14
 done
