@@ -35,6 +35,7 @@ _inc = runtime._include_dirs
 runtime._include_dirs = lambda source: _inc(source) + [str(runtime.HERE)]  # lab: core.cuh as gaac_v3/core.cuh
 SOURCE = str(HERE / "regtile.cu")
 LOG2E = 1.4426950408889634
+WAVES = 1
 
 
 # the runtime's cache key hashes the source and kernels/cuda's headers, not this folder's f4_pair.h: its digest
@@ -199,6 +200,8 @@ def launches(case):
         for W, S, ctas in ((4, 2, 3), (4, 2, 4), (8, 2, 2), (8, 2, 1), (2, 2, 8), (8, 3, 1), (2, 4, 4), (2, 3, 5), (4, 3, 2)):
             if (smem_bytes(case.d, W, S) + 1024) * ctas <= 227 * 1024:
                 out.append((W, S, ctas, max(1, (132 * ctas) // (case.B * case.hkv))))
+        if WAVES > 1:  # more splits than one wave of CTAs (few kv heads, long contexts)
+            out += [(W, S, c, sp * WAVES) for W, S, c, sp in out if (W, c) in ((8, 1), (8, 2), (4, 3))]
         return out
     regs = 168 if case.d == 128 else 112
     for W, S in ((4, 2), (2, 2), (8, 2), (4, 3), (2, 4)):
@@ -224,8 +227,10 @@ def main(argv=None):
     ap.add_argument("--fmt", choices=("3", "4", "4i"), default="3",
                     help="3: format.py (3-bit groups + 4-bit fix); 4: format4.py (fixed 4-bit lanes); 4i: format4i.py "
                          "(F4 with sign/mantissa words)")
+    ap.add_argument("--waves", type=int, default=1, help="also time the best launch shapes with this many waves of splits")
     a = ap.parse_args(argv)
-    global F
+    global F, WAVES
+    WAVES = a.waves
     F = {"3": F, "4": F4, "4i": F4i}[a.fmt]
     result = dict(provenance=harness.provenance(argv=sys.argv), timer="cuda-graph replay, L2 flushed, median of 15",
                   data="synthetic KV-like (calibration.synthetic)", layout=F.__name__, decode={}, cases=[])
@@ -255,7 +260,7 @@ def main(argv=None):
         t["fused_v3_default"], _ = harness.time_and_error("v3", lambda: case.fused_v3())
         ref = harness.sdpa_decode("cudnn", case.q, case.k, case.v)().reshape(case.q.shape).float()
         for (W, St, ctas, splits) in launches(case):
-            name = f"rt_w{W}s{St}c{ctas}"
+            name = f"rt_w{W}s{St}c{ctas}_sp{splits}"
             try:
                 f, sp = case.regtile(W, St, ctas, splits)
                 case.out.view(torch.int16).fill_(-1)  # poison
