@@ -115,3 +115,46 @@ def test_f4_pair_logic_matches_the_reference_on_the_host(f4_host, layout, D, kin
                             ctypes.c_int64(F.Geometry(D).tile_bytes), ctypes.c_void_p(b16c.data_ptr()), D,
                             int(kind == "v"), int(layout == "format4i"), ctypes.c_void_p(out.data_ptr()))
     assert torch.equal(out.view(-1, 64, D), blocks[enc.fits].view(torch.int16))
+
+
+def test_register_tile_layouts_on_real_kv(f4_host):
+    """Real SmolLM2 K/V (held-out WikiText-2 text, the shipped windows; model from its PyPI wheel, offline): every
+    layer's K and V blocks round-trip bit for bit through both layouts' reference codecs and, for F4i, through
+    the kernel's pair logic on the host."""
+    import ctypes
+
+    import format as F3
+    import format4i as F4i
+    import torch
+    from gaac_hf.calibration.collect import run_chunks, split_chunks, tokenize
+    from gaac_hf.calibration.v3 import load_table_v3
+    from gaac_hf.models import load_named_model
+
+    repo = Path(__file__).resolve().parent.parent
+    text = repo.parent / "shared" / "data" / "wikitext-2-raw-v1" / "wiki.test.raw"
+    if not text.exists():
+        pytest.skip(f"{text} not found")
+    model, tok, _ = load_named_model("smollm2", dtype=torch.bfloat16)
+    table = load_table_v3(repo / "calibration_data" / "smollm2-135m.safetensors")
+    chunks = split_chunks(tokenize(tok, text.read_text(encoding="utf-8"), 1024), 1024, 64)
+    checked = 0
+    for _, keys, values in run_chunks(model, chunks[:1], progress=False):
+        for li in range(len(keys)):
+            for kind, x in ((0, keys[li]), (1, values[li])):
+                b8, b16 = table.bases(li, kind)
+                for h in range(x.shape[0]):
+                    blocks = x[h, : x.shape[1] // 64 * 64].reshape(-1, 64, x.shape[2]).contiguous()
+                    for F in (F3, F4i):
+                        enc = F.encode(blocks, b8[h], b16[h], "kv"[kind])
+                        dec = F.decode(enc.data[enc.fits], b8[h], b16[h], x.shape[2], "kv"[kind])
+                        assert torch.equal(dec.view(torch.int16), blocks[enc.fits].view(torch.int16))
+                        checked += int(enc.fits.sum())
+                    data = enc.data[enc.fits].contiguous()
+                    out = torch.full((data.shape[0] * 4, 16, x.shape[2]), -1, dtype=torch.int16)
+                    b16c = b16[h].to(torch.uint8).contiguous()
+                    f4_host.f4_decode_tiles(ctypes.c_void_p(data.data_ptr()), ctypes.c_int64(data.shape[0] * 4),
+                                            ctypes.c_int64(F4i.Geometry(x.shape[2]).tile_bytes),
+                                            ctypes.c_void_p(b16c.data_ptr()), x.shape[2], kind, 1,
+                                            ctypes.c_void_p(out.data_ptr()))
+                    assert torch.equal(out.view(-1, 64, x.shape[2]), blocks[enc.fits].view(torch.int16))
+    assert checked > 1000

@@ -109,6 +109,17 @@ def _le_bytes(w: torch.Tensor, n: int) -> torch.Tensor:
     return ((w.to(torch.int64).unsqueeze(-1) >> sh) & 0xFF).to(torch.uint8)
 
 
+def lane_values(x: torch.Tensor, kind: str):
+    """bf16 blocks [N, 64, D] -> (exponents, sign/mantissa bytes) int32 [N * 4, 32, NP, 2] in lane order, and the
+    channel of every value [32, NP, 2] (both layouts gather their tiles this way)."""
+    N, T, D = x.shape
+    if T != BLOCK_T:
+        raise ValueError(f"blocks of {BLOCK_T} tokens expected, got {T}")
+    row, col = lane_coords(D, kind, x.device)
+    e, sm = split_bf16(x.reshape(N * 4, ROWS, D)[:, row, col])
+    return e, sm, col
+
+
 @dataclass
 class Encoded:
     data: torch.Tensor   # uint8 [N, block_bytes]
@@ -119,14 +130,10 @@ class Encoded:
 def encode(x: torch.Tensor, base8: torch.Tensor, base16: torch.Tensor, kind: str) -> Encoded:
     """x bf16 [N, 64, D] blocks of one (layer, kv head) with uint8 bases [D] -> Encoded."""
     N, T, D = x.shape
-    assert T == BLOCK_T
     geo = Geometry(D)
     dev = x.device
-    tiles = x.reshape(N * 4, ROWS, D)
-    n = tiles.shape[0]
-    row, col = lane_coords(D, kind, dev)
-    vals = tiles[:, row, col]                              # [n, 32, NP, 2]
-    e, sm = split_bf16(vals)
+    e, sm, col = lane_values(x, kind)                      # [n, 32, NP, 2]
+    n = e.shape[0]
     b8 = base8.to(torch.int32)[col]                        # [32, NP, 2]
     b16 = base16.to(torch.int32)[col]
     KS = geo.KS

@@ -116,13 +116,10 @@ SM_INPLACE = False  # the layout variant (format4i.py sets it): sign/mantissa wo
 def encode(x: torch.Tensor, base8: torch.Tensor, base16: torch.Tensor, kind: str) -> Encoded:
     """x bf16 [N, 64, D] blocks of one (layer, kv head), uint8 bases [D] (base8 unused: one window) -> Encoded."""
     N, T, D = x.shape
-    assert T == BLOCK_T
     geo = Geometry(D)
     dev = x.device
-    tiles = x.reshape(N * 4, ROWS, D)
-    n = tiles.shape[0]
-    row, col = F.lane_coords(D, kind, dev)
-    e, sm = split_bf16(tiles[:, row, col])                 # [n, 32, NP, 2]
+    e, sm, col = F.lane_values(x, kind)                    # [n, 32, NP, 2]
+    n = e.shape[0]
     c = ((e - base16.to(torch.int32)[col]) & 0xFF).to(torch.int64)
     KS = geo.KS
     cg = c.reshape(n, LANES, KS, 4, 2)

@@ -85,10 +85,15 @@ __device__ __forceinline__ void build_consts(Cst* cst, const unsigned char* k8, 
 // One lane's view of a staged compressed tile: its words in registers, its side-area offsets.
 // RAW: the tile lists raw groups (a warp-uniform choice made per tile from both kinds' headers); a lane
 // holds at most 2 of them (the encoder stores a tile with more as BF16), found once in load().
-// A lane's sign/mantissa words of a staged tile (both layouts): uint4 u of lane l at u * 512 + 16 l.
+// What both lane layouts hold: the lane, its kind's constants, and its sign/mantissa words of a staged tile
+// (uint4 u of lane l at u * 512 + 16 l).
 struct SmPlane {
   uint4 sm[NP / 8];
-  __device__ __forceinline__ void load_sm(const unsigned char* tb, int lane) {
+  const Cst* cst;  // this kind's constants, [KS][32]
+  int lane;
+  __device__ __forceinline__ void load_sm(const unsigned char* tb, const Cst* cst_kind, int lane_) {
+    lane = lane_;
+    cst = cst_kind;
 #pragma unroll
     for (int u = 0; u < NP / 8; ++u) sm[u] = *reinterpret_cast<const uint4*>(tb + u * 512 + lane * 16);
   }
@@ -106,13 +111,9 @@ template <bool IS_V, bool RAW>
 struct LaneTile : SmPlane {
   uint4 cw4[KS / 4];
   u32 rs0, nib0;  // RAW: this lane's raw group of this kind (s, high-nibble word); s = 0xFF when none
-  const Cst* cst;
-  int lane;
 
   __device__ __forceinline__ void load(const unsigned char* tb, const Cst* cst_kind, int lane_) {
-    lane = lane_;
-    cst = cst_kind;
-    load_sm(tb, lane);
+    load_sm(tb, cst_kind, lane_);
 #pragma unroll
     for (int u = 0; u < KS / 4; ++u) cw4[u] = *reinterpret_cast<const uint4*>(tb + CODE_OFF + u * 512 + lane * 16);
     rs0 = 0xFFu;
@@ -155,13 +156,9 @@ struct LaneTile : SmPlane {
   u32 mask, hpos;
   u32 rs0, rs1, nib0, nib1;  // RAW: this lane's raw groups (s, code bits 4-7); s = 0xFF when none
   const unsigned char* side;
-  const Cst* cst;  // this kind's constants, [KS][32]
-  int lane;
 
   __device__ __forceinline__ void load(const unsigned char* tb, const Cst* cst_kind, int lane_) {
-    lane = lane_;
-    cst = cst_kind;
-    load_sm(tb, lane);
+    load_sm(tb, cst_kind, lane_);
 #pragma unroll
     for (int w = 0; w < NW; ++w) cw[w] = *reinterpret_cast<const u32*>(tb + CODE_OFF + w * 128 + lane * 4);
     side = tb + SIDE_OFF;
