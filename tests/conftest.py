@@ -1,6 +1,31 @@
 """Shared fixtures. Tests never touch the network: the real model comes from a PyPI wheel."""
+import importlib
 import os
+import sys
 from pathlib import Path
+
+
+def _import_pypi_kernels() -> None:
+    """Import the PyPI package ``kernels`` (transformers >= 5.25 requires it and imports it for its hub-kernel
+    integration) before anything else can: pytest puts the repository root on ``sys.path``, where our
+    top-level ``kernels/`` folder (installed as ``gaac_hf.kernels``) would shadow it, and transformers then
+    fails with "cannot import name 'CUDAProperties' from 'kernels'". Without the PyPI package (older
+    transformers) nothing is imported and transformers does not look for it."""
+    root = Path(__file__).resolve().parents[1]
+    saved = sys.path[:]
+    sys.path[:] = [p for p in sys.path if Path(p or os.curdir).resolve() != root]
+    mod = sys.modules.get("kernels")
+    if mod is not None and Path(getattr(mod, "__file__", "") or "").resolve().parent == root / "kernels":
+        del sys.modules["kernels"]  # the folder was imported as the package: let the real one replace it
+    try:
+        importlib.import_module("kernels")
+    except ImportError:
+        pass
+    finally:
+        sys.path[:] = saved
+
+
+_import_pypi_kernels()
 
 import torch
 
