@@ -36,6 +36,7 @@ import torch
 
 from gaac_hf.format import BlockGeometry
 from gaac_hf.format.v3 import GeometryV3
+from gaac_hf.format.v4 import GeometryV4
 
 
 @dataclass(frozen=True)
@@ -103,21 +104,46 @@ class PagedTensorV3:
 
 
 @dataclass(frozen=True)
+class PagedTensorV4:
+    """One kind (K or V) of one layer stored in format v4 (``gaac_hf/format/v4.py``): the v3 pool's
+    addressing with fixed-size blocks of 16-token register tiles::
+
+        pool    uint8 [P]                  v4 blocks (``block_bytes``) or BF16 blocks (2*T*D bytes) at 16-byte
+                                           aligned offsets, at least GUARD_BYTES readable bytes past the last
+        table   int64 [B, Hkv, max_blocks] byte offset in ``pool`` | ENTRY_RAW (1) for a block stored as BF16
+        tail    bf16  [B, Hkv, T, D]       the incomplete last block, uncompressed
+        base16  uint8 [Hkv, D]             the calibrated windows of this layer and kind
+        kind    "k" or "v"                 the lane mapping its tiles were laid out with (K and V differ)
+    """
+
+    GUARD_BYTES = 256
+
+    pool: torch.Tensor
+    table: torch.Tensor
+    tail: torch.Tensor
+    base16: torch.Tensor
+    kind: str
+
+
+@dataclass(frozen=True)
 class PagedKV:
     """One layer's K and V as attention kernels read them (shapes in the module docstring). K and V
     are both :class:`PagedTensor` with a v2 :class:`BlockGeometry`, or both :class:`PagedTensorV3`
-    with a :class:`GeometryV3`; ``num_blocks`` / ``tail_len`` / ``kv_start`` mean the same in both."""
+    with a :class:`GeometryV3`, or both :class:`PagedTensorV4` with a :class:`GeometryV4`;
+    ``num_blocks`` / ``tail_len`` / ``kv_start`` mean the same in all."""
 
-    k: PagedTensor | PagedTensorV3
-    v: PagedTensor | PagedTensorV3
+    k: PagedTensor | PagedTensorV3 | PagedTensorV4
+    v: PagedTensor | PagedTensorV3 | PagedTensorV4
     num_blocks: torch.Tensor
     tail_len: torch.Tensor
-    geometry: BlockGeometry | GeometryV3
+    geometry: BlockGeometry | GeometryV3 | GeometryV4
     kv_start: torch.Tensor | None = None
     active_blocks: int | None = None
 
     @property
     def format_version(self) -> int:
+        if isinstance(self.k, PagedTensorV4):
+            return 4
         return 3 if isinstance(self.k, PagedTensorV3) else 2
 
 

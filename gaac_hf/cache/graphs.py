@@ -66,8 +66,8 @@ class DecodeGraphState:
         for i, layer in enumerate(layers):
             layer._deferred.flush()
             why = None
-            if layer.format_version != 3:
-                why = f"format_version {layer.format_version} (graph mode is built on format v3)"
+            if layer.format_version not in (3, 4):
+                why = f"format_version {layer.format_version} (graph mode is built on the v3 / v4 byte pools)"
             elif layer._wants_full_kv():
                 why = ("the model's attention is not gaac_hf's (set attn_implementation='gaac' after gaac_hf.register(), "
                        "and leave return_full_kv unset)")
@@ -76,7 +76,9 @@ class DecodeGraphState:
             elif (layer.num_blocks, layer.tail_len) != (first.num_blocks, first.tail_len):
                 why = "its token count differs from layer 0's"
             elif layer.device.type == "cuda" and not layer.fused_v3:
-                why = "its decode steps would not run the fused v3 kernel (see the warning GAACCache gave)"
+                why = "its decode steps would not run the fused kernel (see the warning GAACCache gave)"
+            elif layer.device.type == "cpu" and layer.format_version == 4:
+                why = "format v4 (graph-mode steps of v4 layers run on CUDA; the CPU's tiled attention is v3's)"
             elif layer.device.type == "cpu" and not native.available():
                 why = "the CPU library is not built (graph mode on the CPU runs its tiled attention)"
             elif not all(p.sync_free for p in layer._pools):

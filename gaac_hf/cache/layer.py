@@ -1,7 +1,8 @@
 """GAACLayer: one full-attention layer's K and V as GAAC blocks plus an uncompressed tail.
 
 Storage per kind (K/V): a :class:`~gaac_hf.cache.pool._BlockPool` (format v2; block table int32) or a
-:class:`~gaac_hf.cache.pool_v3._BlockPoolV3` (format v3; block table int64 byte offsets), a block table
+:class:`~gaac_hf.cache.pool_v3._BlockPoolV3` (format v3; block table int64 byte offsets) or its format v4
+twin :class:`~gaac_hf.cache.pool_v4._BlockPoolV4` (fixed-size register-tile blocks), a block table
 ``[B, H, cap_blocks]`` and a tail bf16 ``[B, H, T, D]``; see :mod:`gaac_hf.cache` for the whole picture.
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ from .host import _HOST_SLOTS_PER_LAYER, _CountsMemo, _DeferredStore, _DeviceTab
 from .pool import _BlockPool, _grow, _reserve_from, _round_up, _sync_plan, decode_tables
 from .fused_v3 import report_fallback_once, why_unavailable
 from .pool_v3 import _BlockPoolV3, default_format, geometry_v3, store_kv_native
+from .pool_v4 import KINDS, _BlockPoolV4, geometry_v4
 
 _K, _V = 0, 1
 
@@ -167,7 +169,7 @@ class GAACLayer(_BlockedLayer):
         dev = key_states.device
         group = _query_group(self._config)
         self.format_version = self._format_request or default_format(dev, d, group)
-        g = self.geometry = self._geometry_v2 if self.format_version == 2 else geometry_v3(self._geometry_v2)
+        g = self.geometry = {2: lambda g: g, 3: geometry_v3, 4: geometry_v4}[self.format_version](self._geometry_v2)
         if d != g.head_dim:
             raise ValueError(
                 f"layer {self.layer_idx}: KV head_dim {d} does not match the calibration table's {g.head_dim}"
@@ -175,13 +177,17 @@ class GAACLayer(_BlockedLayer):
         self.device = dev
         table = self._device_tables.get(_local_heads(self._table, h, self.layer_idx), dev)
         cuda = dev.type == "cuda"
-        self.fused_v3 = False  # decode steps through the fused v3 CUDA kernel (see fused_v3.takes)
-        if self.format_version == 3 and cuda:
-            reason = why_unavailable(dev, d, group)
+        # decode steps through the fused CUDA kernel of this layer's format, v3 or v4 (see fused_v3.takes)
+        self.fused_v3 = False
+        if self.format_version in (3, 4) and cuda:
+            reason = why_unavailable(dev, d, group, self.format_version)
             self.fused_v3 = reason is None
             if reason is not None and self.fused:
                 report_fallback_once(self, reason)
-        if self.format_version == 3:
+        if self.format_version == 4:
+            self._pools = [_BlockPoolV4(g, *table.bases(self.layer_idx, kind), dev, KINDS[kind], b * h, self.checksums)
+                           for kind in (_K, _V)]
+        elif self.format_version == 3:
             b8p, dbp = self._device_tables.pair_constants(table)
             self._pools = [_BlockPoolV3(g, *table.bases(self.layer_idx, kind), dev, b * h, self.checksums,
                                         (b8p[self.layer_idx, kind], dbp[self.layer_idx, kind])) for kind in (_K, _V)]
@@ -506,7 +512,7 @@ class GAACLayer(_BlockedLayer):
         table_bytes = b * h * self.num_blocks * self._tables[_K].element_size()
         tail_bytes = b * h * self.tail_len * g.head_dim * 2
         v3 = {"resident_v3": 2 * (table_bytes + tail_bytes) + sum(p.resident_bytes() for p in self._pools)} \
-            if self.format_version == 3 else {}
+            if self.format_version in (3, 4) else {}
         return v3 | {
             "fixed": 2 * (table_bytes + tail_bytes),  # + slot rows and raw rows, counted after the sync
             "checksums": self.checksums,

@@ -1,0 +1,186 @@
+"""Fused GAAC v4 decode attention (register tiles) on one GPU vs FA2, cuDNN and our BF16 twin (same process).
+
+    python eval/bench_attention_v4.py --out eval/results/attention_h200.json [--quick] [--sweep] [--budget-s 400]
+
+K/V are KV-like synthetic values (``gaac_hf.calibration.synthetic``), calibrated per kv head, encoded by the
+v4 reference codec into shuffled pools (``pack_paged_v4``). Every kernel reads the same values: FA2 / cuDNN
+(SDPA backends) the dense BF16 tensors, the BF16 twin (``cuda_bf16``, the kernel whose arithmetic the fused
+one runs) a shuffled paged BF16 cache at its own default launch, ``gaac`` the v4 pools at the planner's launch.
+Times are GPU time from CUDA-graph replay with the L2 flushed before every call (``harness.timeit_graph``),
+medians. Each row records whether the fused output is bit-identical to the twin at the fused launch
+(``bit_identical``; the twin at that launch is timed too, ``cuda_bf16_same_launch``) and the bytes each reads.
+head_dim 256 (gemma3) is outside the v4 kernel (``fused_attention_v4.HEAD_DIMS``): those rows time the
+baselines and the v3 kernel (``gaac_v3``) and say so. ``--sweep`` times launch shapes on the key cases.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # eval/harness.py
+import harness  # noqa: E402
+
+SHAPES, SAME_SHAPE = harness.ATTENTION_SHAPES, harness.SAME_SHAPE
+CTX, BATCH = harness.ATTENTION_CONTEXTS, harness.ATTENTION_BATCHES
+T = 64
+QUICK = [("qwen3-8b", 1, 65536), ("qwen3-8b", 1, 131072), ("qwen3-8b", 4, 65536), ("qwen3-8b", 1, 16384),
+         ("qwen3-8b", 16, 32768), ("smollm2-135m", 1, 65536), ("smollm2-135m", 1, 16384), ("qwen3-8b", 4, 16384)]
+SWEEP_CASES = [("qwen3-8b", 1, 131072), ("qwen3-8b", 4, 65536), ("smollm2-135m", 1, 32768), ("smollm2-135m", 16, 32768)]
+
+
+class Case:
+    def __init__(self, shape, B, S, dev, seed=0):
+        from gaac_hf.calibration.synthetic import calibrate, synthetic_kv
+        from gaac_hf.kernels.cuda.attention import pack_paged_bf16
+        from gaac_hf.kernels.cuda.fused_attention_v4 import HEAD_DIMS, pack_paged_v4
+
+        hq, hkv, d = SHAPES[shape]
+        self.shape, self.B, self.S, self.hq, self.hkv, self.d = shape, B, S, hq, hkv, d
+        self.k = synthetic_kv((B, hkv, S, d), "k", seed, device=dev)
+        self.v = synthetic_kv((B, hkv, S, d), "v", seed + 1, device=dev)
+        self.q = torch.randn(B, hq, d, generator=torch.Generator(device=dev).manual_seed(seed), device=dev).to(torch.bfloat16)
+        (k8, k16), (v8, v16) = calibrate(self.k), calibrate(self.v)
+        lens = [S] * B
+        self.v4 = d in HEAD_DIMS
+        self.bases3 = torch.stack([torch.stack([k8, k16]), torch.stack([v8, v16])])
+        self.kv = pack_paged_v4(self.k, self.v, lens, T, torch.stack([k16, v16])) if self.v4 else None
+        self.pk, self.pv = pack_paged_bf16(self.k, lens, T), pack_paged_bf16(self.v, lens, T)
+        self.out = torch.empty_like(self.q)
+        self.kv_bytes = 2 * B * hkv * S * d * 2
+        if self.v4:
+            self.gaac_bytes = sum(p.pool.numel() + p.tail.numel() * 2 + p.table.numel() * 8 for p in (self.kv.k, self.kv.v))
+            self.bf16_blocks = int((self.kv.k.table & 1).sum() + (self.kv.v.table & 1).sum())
+
+    def gaac(self, config=None):
+        from gaac_hf.kernels.cuda.fused_attention_v4 import gaac_decode_attention_v4
+
+        return lambda: gaac_decode_attention_v4(self.q, self.kv, launch=config, out=self.out)
+
+    def gaac_v3(self):
+        from gaac_hf.kernels.cuda.fused_attention import gaac_decode_attention_v3, pack_paged_v3
+
+        kv3 = pack_paged_v3(self.k, self.v, [self.S] * self.B, T, self.bases3)
+        return lambda: gaac_decode_attention_v3(self.q, kv3, out=self.out)
+
+    def cuda(self, config=None):
+        from gaac_hf.kernels.cuda.attention import bf16_decode_attention_tensors
+
+        pk, pv = self.pk, self.pv
+        return lambda: bf16_decode_attention_tensors(
+            self.q, pk["raw"], pv["raw"], pk["table"], pv["table"], pk["tail"], pv["tail"], pk["num_blocks"],
+            pk["tail_len"], config=config, out=self.out)
+
+    def sdpa(self, backend):
+        return harness.sdpa_decode(backend, self.q, self.k, self.v)
+
+    def twin_config(self, config=None):
+        from gaac_hf.kernels.cuda.fused_attention_v4 import twin_config
+
+        return twin_config(self.q, self.kv, config)
+
+    def bit_identical(self, config=None) -> bool:
+        a = self.gaac(config)().clone()
+        b = self.cuda(self.twin_config(config))().clone()
+        return bool(torch.equal(a.view(torch.int16), b.view(torch.int16)))
+
+
+_try = harness.time_and_error
+SWEEP = [dict(num_warps=w, num_stages=s, ctas_per_sm=c, waves=x) for (w, s, c, x) in
+         ((8, 2, 1, 1), (8, 2, 1, 2), (8, 2, 1, 3), (8, 2, 2, 1), (8, 2, 2, 2), (4, 2, 4, 1), (4, 2, 4, 2), (4, 2, 3, 1),
+          (8, 3, 1, 1), (4, 3, 2, 1))]
+
+
+def sweep(case):
+    from gaac_hf.kernels import LaunchConfig
+    from gaac_hf.kernels.cuda import fused_attention_v4 as F4
+    from gaac_hf.kernels.cuda.attention import _sm_count
+
+    rows = []
+    for kw in SWEEP:
+        if (F4.smem_bytes(case.d, kw["num_warps"], kw["num_stages"]) + 1024) * kw["ctas_per_sm"] > 228 * 1024:
+            continue
+        if case.hq // case.hkv > 8 and kw["ctas_per_sm"] > 16 // kw["num_warps"]:
+            continue
+        streams = case.B * case.hkv
+        splits = max(1, kw["waves"] * _sm_count(case.q.device) * kw["ctas_per_sm"] // streams)
+        cfg = LaunchConfig(num_warps=kw["num_warps"], num_stages=kw["num_stages"], ctas_per_sm=kw["ctas_per_sm"],
+                           num_splits=min(splits, max(1, case.S // 256)))
+        us, _ = _try(f"gaac {kw}", lambda: case.gaac(cfg))
+        same = case.bit_identical(cfg) if us else None
+        rows.append(dict(config=kw, splits=cfg.num_splits, us=us, bit_identical=same))
+        print(f"  sweep {case.shape} B={case.B} {case.S}: {kw} splits {cfg.num_splits} -> {us} same={same}", flush=True)
+    return rows
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--quick", action="store_true", help="the key cases only")
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--budget-s", type=float, default=400)
+    args = ap.parse_args(argv)
+    from gaac_hf.kernels import LaunchConfig
+
+    dev = torch.device("cuda")
+    t_start = time.time()
+    result = dict(harness.provenance(shapes=SHAPES, argv=sys.argv), cuda=torch.version.cuda, block_size=T,
+                  format_version=4, kernel="kernels/cuda/decode_attention_v4.cu (register tiles)",
+                  timer="cuda-graph replay, L2 flushed, median of 15", data="synthetic KV-like (calibration.synthetic)",
+                  shapes={k: dict(q_heads=v[0], kv_heads=v[1], head_dim=v[2]) for k, v in SHAPES.items()},
+                  same_shape=SAME_SHAPE, sweep={}, rows=[], cut=[])
+    if args.sweep:
+        for shape, B, S in SWEEP_CASES:
+            case = Case(shape, B, S, dev)
+            result["sweep"][f"{shape}/B{B}/{S}"] = sweep(case)
+            del case
+            torch.cuda.empty_cache()
+            harness.write_result(args.out, result)
+    cases = QUICK if args.quick else [(s, b, c) for s in SHAPES for b in BATCH for c in CTX]
+    for shape, B, S in cases:
+        if time.time() - t_start > args.budget_s:
+            result["cut"].append(dict(shape=shape, batch=B, context=S))
+            continue
+        case = Case(shape, B, S, dev)
+        ref = case.sdpa("fa2")().squeeze(2)
+        us, err = {}, {}
+        if case.v4:
+            us["gaac"], err["gaac"] = _try("gaac", lambda: case.gaac(LaunchConfig()), ref)
+            us["cuda_bf16_same_launch"], _ = _try("twin", lambda: case.cuda(case.twin_config()))
+        else:
+            us["gaac"] = None
+            us["gaac_v3"], err["gaac_v3"] = _try("gaac_v3", case.gaac_v3, ref)
+        us["cuda_bf16"], err["cuda_bf16"] = _try("cuda", lambda: case.cuda(LaunchConfig()), ref)
+        us["fa2"], _ = _try("fa2", lambda: case.sdpa("fa2"))
+        us["cudnn"], err["cudnn"] = _try("cudnn", lambda: case.sdpa("cudnn"), ref)
+        same = None
+        if case.v4:
+            try:
+                same = case.bit_identical()
+            except Exception as e:  # recorded, not fatal
+                print(f"  bit check failed: {e}", flush=True)
+        row = dict(shape=shape, batch=B, context=S, us=us, rel_err_vs_fa2=err, bit_identical=same, kv_bytes=case.kv_bytes,
+                   tbps_bf16_equiv={k: (case.kv_bytes / (v * 1e-6) / 1e12 if v else None) for k, v in us.items()})
+        if case.v4:
+            row.update(gaac_bytes=case.gaac_bytes, ratio=case.kv_bytes / case.gaac_bytes, bf16_stored_blocks=case.bf16_blocks)
+        else:
+            row["note"] = f"head_dim {case.d}: not in the v4 kernel's head_dims; gaac_v3 is the v3 fused kernel"
+        for base in ("cudnn", "fa2", "cuda_bf16"):
+            row[f"gaac_vs_{base}"] = us[base] / us["gaac"] if us[base] and us["gaac"] else None
+        result["rows"].append(row)
+        f = lambda x: f"{x:8.1f}" if x else "   -    "  # noqa: E731
+        print(f"{shape:13s} B={B:2d} {S:6d}: gaac {f(us['gaac'])} bf16 {f(us['cuda_bf16'])} fa2 {f(us['fa2'])} "
+              f"cudnn {f(us['cudnn'])}  vs cudnn {row['gaac_vs_cudnn'] or 0:.3f} vs fa2 {row['gaac_vs_fa2'] or 0:.3f} "
+              f"same={same} ratio {row.get('ratio', 0):.3f}", flush=True)
+        del case
+        torch.cuda.empty_cache()
+        harness.write_result(args.out, result)
+    harness.write_result(args.out, result)
+    print(f"wrote {args.out} ({len(result['rows'])} rows, {len(result['cut'])} cut) in {time.time() - t_start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

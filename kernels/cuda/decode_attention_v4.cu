@@ -1,0 +1,418 @@
+// Fused GAAC decode attention over format v4 blocks (gaac_hf/format/v4.py), split-KV, on Hopper.
+//
+// Register tiles: one warp role. Every warp owns 16 rows of each pipeline step, as in the BF16 kernel
+// (decode_attention.cu): lane 0 bulk-copies the step's compressed K and V tiles (16 tokens each) into the
+// warp's own shared-memory slot (the copy engine, completing on the slot's mbarrier); each lane then reads
+// its own words with vector LDS and rebuilds its m16n8k16 A fragments in registers (format v4 puts a lane's
+// bytes together) and feeds them to attend::WarpState::rows_from, the arithmetic the BF16 twin runs on
+// ldmatrix fragments: for the same warps and splits the output is bit-identical to the twin's
+// (tests/test_v4_gpu.py). No producer warps, no decoded ring, no barrier between roles.
+// Design followed: Marlin's "weights pre-shuffled offline into MMA fragment order, dequantised in registers";
+// our own layout and code. The pair bit logic is gaac_v4/pair.cuh (one copy, g++-tested on the host).
+// Why this shape (lab/cuda-decode-notebook.md, calls R1-R4): the v3 kernel's producer/consumer pipeline ran
+// at 0.8x cuDNN, limited by per-tile latency chains; register tiles with fixed 4-bit lanes (~4.75 ALU ops per
+// pair) run at 1.19x cuDNN at Qwen3-8B B=1 64K.
+//
+// Pool addressing (the v3 pool's): block-table entries are int64 byte offsets into one byte pool, | 1 for a
+// block stored as BF16 (row-major [PAGE, D]); the incomplete last block is the BF16 tail.
+// Defines: HEAD_DIM (64, 128), QUERY_GROUP (1..16), PAGE (tokens per block, a multiple of 16), WARPS, STAGES
+// (>= 2, copies in flight per warp + 1), MIN_CTAS_PER_SM (the register cap the planner sized the grid for).
+// Analysis builds only: GAAC_SASS_TILE_ONLY = 1 / 2 compiles the loop with the compressed tile body alone
+// (without / with raw groups) for static instruction counts (eval/sass_v4.py); its results are wrong.
+#include "gaac_v3/core.cuh"  // first: its GROUP constant (8 channels) collides with the query-group define
+#ifdef GROUP
+#error "pass the query heads per kv head as QUERY_GROUP (GROUP collides with core.cuh)"
+#endif
+#define GROUP QUERY_GROUP
+#include "gaac/ptx.cuh"
+#include "gaac/attend.cuh"
+#include "gaac_v4/pair.cuh"
+
+#ifndef MIN_CTAS_PER_SM
+#define MIN_CTAS_PER_SM 1
+#endif
+#ifndef STAGES
+#define STAGES 2
+#endif
+#ifndef PAGE
+#define PAGE 64
+#endif
+
+namespace {
+using namespace gaac;
+using attend::D;
+using attend::W;
+using attend::THREADS;
+constexpr int T = PAGE;
+constexpr int S = STAGES;
+constexpr int TILE = 16 * W;
+constexpr gaac_v4::TileGeom GEO = gaac_v4::tile_geom(D);
+constexpr int NP = GEO.NP, KS = GEO.KS, CODE_OFF = GEO.CODE_OFF, SIDE_OFF = GEO.SIDE_OFF, TB = GEO.TB;
+constexpr i64 ENTRY_RAW = 1, ENTRY_ALIGN = 16;
+constexpr int CONST_BYTES = 2 * KS * 32 * static_cast<int>(sizeof(uint2));
+static_assert(D % 64 == 0 && D <= 256, "the v4 kernel takes head_dim 64, 128, 192 or 256 (format v4 lays out multiples of 64)");
+static_assert(T % 16 == 0 && T >= 16, "PAGE must be a multiple of 16");
+static_assert(S >= 2, "STAGES must be >= 2");
+static_assert(TB % 16 == 0, "tiles are 16-byte multiples");
+
+// Per-lane base16 pair constants of both kinds, [2][KS][32] uint2: entry i is the channel pair of the
+// lane's registers j with (K) j >> 1 == i, (V) j & 1 == i (a V register holds one channel of two tokens).
+__device__ __forceinline__ void build_consts(uint2* cst, const unsigned char* k16, const unsigned char* v16) {
+  for (int idx = threadIdx.x; idx < 2 * KS * 32; idx += blockDim.x) {
+    const int kind = idx / (KS * 32), s = (idx / 32) % KS, lane = idx % 32, g = lane >> 2, t = lane & 3;
+    u32 r[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      if (kind == 0) {
+        const int c = 16 * s + 2 * t + 8 * i;
+        r[i] = gaac_v3::pair_const(k16[c], k16[c + 1]);
+      } else {
+        const int c = 16 * s + g + 8 * i;
+        r[i] = gaac_v3::pair_const(v16[c], v16[c]);
+      }
+    }
+    cst[idx] = make_uint2(r[0], r[1]);
+  }
+}
+
+// One lane's view of a staged compressed tile: its sign/mantissa and code words in registers and, for a tile
+// that lists raw groups (RAW), its one raw group of this kind (the encoder stores a tile with more as BF16).
+// At head_dim > 128 a lane's words do not fit the registers beside the softmax state: there each group's words
+// are read from shared memory when the group is decoded (d = 256 compressed tiles: 159 registers). The d = 256
+// build still spills 8 bytes in the tiles that read a kind from BF16 global memory (mixed_tile), so the
+// launcher (fused_attention_v4.HEAD_DIMS) takes 64 and 128 only; 192 builds without spills, untested on a GPU.
+constexpr bool LAZY = D > 128;
+template <bool IS_V, bool RAW>
+struct LaneTile {
+  uint4 sm[LAZY ? 1 : NP / 8];
+  uint4 cw4[LAZY ? 1 : KS / 4];
+  const unsigned char* tb;  // LAZY: the staged tile
+  const uint2* cst;  // this kind's constants, [KS][32]
+  int lane;
+  u32 rs0, nib0;     // RAW: the lane's raw group (k-step, high-nibble word); k-step 0xFF when none
+
+  __device__ __forceinline__ void load(const unsigned char* tb_, const uint2* cst_kind, int lane_) {
+    lane = lane_;
+    cst = cst_kind;
+    tb = tb_;
+    if (!LAZY) {
+#pragma unroll
+      for (int u = 0; u < NP / 8; ++u) sm[u] = *reinterpret_cast<const uint4*>(tb + u * 512 + lane * 16);
+#pragma unroll
+      for (int u = 0; u < KS / 4; ++u) cw4[u] = *reinterpret_cast<const uint4*>(tb + CODE_OFF + u * 512 + lane * 16);
+    }
+    rs0 = 0xFFu;
+    nib0 = 0u;
+    if (RAW) {  // all record slots, unconditionally (8-byte aligned loads); at most one per lane
+      const unsigned char* side = tb + SIDE_OFF;
+      const u32 n_raw = side[0];
+#pragma unroll
+      for (u32 r = 0; r < gaac_v4::MAX_RAW_TILE; ++r) {
+        const uint2 rec = *reinterpret_cast<const uint2*>(side + gaac_v4::RAW_AT + 8 * r);
+        const bool hit = r < n_raw && (rec.y & 0xFFu) == static_cast<u32>(lane);
+        rs0 = hit ? (rec.y >> 8) & 0xFFu : rs0;
+        nib0 = hit ? rec.x : nib0;
+      }
+    }
+  }
+
+  __device__ __forceinline__ u32 smw(int q) const {  // the word holding pair q
+    const uint4 v = sm[q >> 3];
+    const int k = (q >> 1) & 3;
+    return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
+  }
+
+  // the four A-fragment registers of k-step (K) / m-tile (V) s
+  __device__ __forceinline__ void group(int s, u32 (&a)[4]) const {
+    const uint2 c4 = cst[s * 32 + lane];
+    u32 w;
+    uint2 smg;  // LAZY: the group's two sign/mantissa words (pairs 4s..4s+3)
+    if (LAZY) {
+      w = *reinterpret_cast<const u32*>(tb + CODE_OFF + (s >> 2) * 512 + lane * 16 + (s & 3) * 4);
+      smg = *reinterpret_cast<const uint2*>(tb + (s >> 1) * 512 + lane * 16 + (s & 1) * 8);
+    } else {
+      const uint4 wv = cw4[s >> 2];
+      w = (s & 3) == 0 ? wv.x : (s & 3) == 1 ? wv.y : (s & 3) == 2 ? wv.z : wv.w;
+    }
+    const u32 hw = RAW && static_cast<u32>(s) == rs0 ? nib0 : 0u;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int q = 4 * s + j;
+      const u32 x = gaac_v4::sm_bits(LAZY ? ((j >> 1) ? smg.y : smg.x) : smw(q), q);
+      const int i = IS_V ? (j & 1) : (j >> 1);
+      a[j] = gaac_v4::pair<RAW>(x, w, hw, i ? c4.y : c4.x, j);
+    }
+  }
+};
+
+// Fragments of a BF16 tile in global memory (a block stored as BF16, the tail): rows [0, 16) at `rows`, row
+// stride D. V rows outside [vlo, vhi) read as zeros (as the twin stages them).
+__device__ __forceinline__ void bf16_group(const u16* rows, bool is_v, int lane, int s, int vlo, int vhi, u32 (&a)[4]) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    int r, c;
+    gaac_v4::pair_rc(is_v, lane, s, j, r, c);
+    if (!is_v) {
+      a[j] = __ldg(reinterpret_cast<const u32*>(rows + r * D + c));
+    } else {
+      const u32 lo16 = (r >= vlo && r < vhi) ? __ldg(rows + r * D + c) : 0u;
+      const u32 hi16 = (r + 1 >= vlo && r + 1 < vhi) ? __ldg(rows + (r + 1) * D + c) : 0u;
+      a[j] = lo16 | (hi16 << 16);
+    }
+  }
+}
+
+// zero the V values of rows outside [vlo, vhi) (tiles at a split's or a sequence's edge)
+__device__ __forceinline__ void mask_v(int lane, int vlo, int vhi, u32 (&a)[4]) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    int r, c;
+    gaac_v4::pair_rc(true, lane, 0, j, r, c);
+    const u32 m = ((r >= vlo && r < vhi) ? 0x0000FFFFu : 0u) | ((r + 1 >= vlo && r + 1 < vhi) ? 0xFFFF0000u : 0u);
+    a[j] &= m;
+  }
+}
+
+struct Src {
+  const unsigned char* comp;  // the compressed 16-token tile, or null
+  const u16* bf16;            // the tile's BF16 rows (a BF16 block or the tail) when comp is null
+};
+__device__ __forceinline__ Src tile_src(const unsigned char* pool, const u16* tail, const i64* table, int nb, int tok0) {
+  const int blk = tok0 / T, r0 = tok0 % T;
+  if (blk < nb) {
+    const i64 e = __ldg(table + blk);
+    const unsigned char* at = pool + (e & ~(ENTRY_ALIGN - 1));
+    if (e & ENTRY_RAW) return {nullptr, reinterpret_cast<const u16*>(at) + r0 * D};
+    return {at + (r0 / 16) * TB, nullptr};
+  }
+  return {nullptr, tail + r0 * D};
+}
+
+__device__ __forceinline__ void issue(unsigned char* slot, Src ks, Src vs, unsigned long long* bar, int lane) {
+  if (lane == 0) {
+    const u32 bytes = (ks.comp ? TB : 0) + (vs.comp ? TB : 0);
+    mbar_arrive_expect_tx(bar, bytes);
+    if (ks.comp) bulk_copy_g2s(slot, ks.comp, TB, bar);
+    if (vs.comp) bulk_copy_g2s(slot + TB, vs.comp, TB, bar);
+  }
+}
+
+// A warp-tile whose K and V tiles are both compressed, staged at sl (K) / sl + TB (V). EDGE: a tile at a
+// split's or the sequence's edge (V rows outside [vlo, vhi) zeroed, as the twin stages them). Every tile kind
+// is its own straight-line instantiation, chosen per tile outside: one body with run-time branches between
+// kinds kept both kinds' state live (153 registers instead of 108 at d=128, lab notebook session 17).
+template <bool RAW, bool EDGE = false>
+__device__ __forceinline__ void compressed_tile(attend::WarpState& st, const unsigned char* sl, const uint2* cst, int tok0,
+                                                int lo, int hi, int lane, float scale_log2, int vlo = 0, int vhi = 16) {
+  LaneTile<false, RAW> kl;
+  LaneTile<true, RAW> vl;
+  st.rows_from(
+      [&](int k, u32 (&a)[4]) {
+        if (k == 0) kl.load(sl, cst, lane);  // each kind's words are read when its first fragment is needed
+        kl.group(k, a);
+      },
+      [&](int m, u32 (&a)[4]) {
+        if (m == 0) vl.load(sl + TB, cst + KS * 32, lane);
+        vl.group(m, a);
+        if (EDGE) mask_v(lane, vlo, vhi, a);
+      },
+      tok0, lo, hi, lane, scale_log2);
+}
+
+// A warp-tile with at least one kind stored BF16: KC / VC say which kinds are compressed (staged in the slot);
+// BF16 kinds are read from global memory.
+template <bool KC, bool VC>
+__device__ __forceinline__ void mixed_tile(attend::WarpState& st, const unsigned char* sl, const uint2* cst, Src ks,
+                                           Src vs, int tok0, int lo, int hi, int vlo, int vhi, bool edge, int lane,
+                                           float scale_log2) {
+  LaneTile<false, true> kl;
+  LaneTile<true, true> vl;
+  st.rows_from(
+      [&](int k, u32 (&a)[4]) {
+        if (KC) {
+          if (k == 0) kl.load(sl, cst, lane);
+          kl.group(k, a);
+        } else {
+          bf16_group(ks.bf16, false, lane, k, vlo, vhi, a);
+        }
+      },
+      [&](int m, u32 (&a)[4]) {
+        if (VC) {
+          if (m == 0) vl.load(sl + TB, cst + KS * 32, lane);
+          vl.group(m, a);
+          if (edge) mask_v(lane, vlo, vhi, a);
+        } else {
+          bf16_group(vs.bf16, true, lane, m, vlo, vhi, a);
+        }
+      },
+      tok0, lo, hi, lane, scale_log2);
+}
+
+}  // namespace
+
+// One CTA per (split, kv head, sequence): W warps, each attending to 16 rows per step for every query head
+// of the GQA group. Arguments as gaac_hf/kernels/cuda/fused_attention_v4.py documents them.
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_CTAS_PER_SM)
+gaac_v4_decode_split(const u16* __restrict__ q,                                              // [B, Hkv*G, D]
+                     const unsigned char* __restrict__ k_pool, const unsigned char* __restrict__ v_pool,  // [P]
+                     const i64* __restrict__ k_table, const i64* __restrict__ v_table,     // [B, Hkv, max_blocks]
+                     const u16* __restrict__ k_tail, const u16* __restrict__ v_tail,       // [B, Hkv, T, D]
+                     const unsigned char* __restrict__ k_b16, const unsigned char* __restrict__ v_b16,  // [Hkv, D]
+                     const int* __restrict__ num_blocks, const int* __restrict__ tail_len,
+                     const int* __restrict__ kv_start, float* __restrict__ part_o, float* __restrict__ part_lse,
+                     u16* __restrict__ out, int* __restrict__ counters, int hkv, int max_blocks, int tokens_per_split,
+                     float scale_log2) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  uint2* cst = reinterpret_cast<uint2*>(smem);  // [2][KS][32]
+  unsigned char* ring = smem + CONST_BYTES;      // [W][S][2][TB]
+  __shared__ __align__(8) unsigned long long bars[W * S];
+
+  const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z, splits = gridDim.x;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int hq0 = h * GROUP, hq_total = hkv * GROUP;
+  const attend::SplitRange rg = attend::split_range(num_blocks, tail_len, kv_start, b, split, tokens_per_split, T, TILE);
+  const int nb = rg.nb, lo = rg.lo, hi = rg.hi, first = rg.first, n_tiles = rg.n_tiles;
+  const i64 bh = static_cast<i64>(b) * hkv + h;
+  const i64* kt = k_table + bh * max_blocks;
+  const i64* vt = v_table + bh * max_blocks;
+  const u16* ktail = k_tail + bh * T * D;
+  const u16* vtail = v_tail + bh * T * D;
+
+  build_consts(cst, k_b16 + h * D, v_b16 + h * D);
+  unsigned long long* wbar = bars + warp * S;
+  if (lane == 0)
+    for (int s = 0; s < S; ++s) mbar_init(wbar + s, 1);
+  fence_proxy_async();
+  __syncthreads();  // constants built, barriers initialised
+
+  unsigned char* wring = ring + warp * S * 2 * TB;
+  const int wrow = warp * 16;
+  attend::WarpState st;
+  st.init();
+#pragma unroll
+  for (int s = 0; s < S - 1; ++s) {
+    const int t = first + s * TILE + wrow;
+    if (s < n_tiles) issue(wring + s * 2 * TB, tile_src(k_pool, ktail, kt, nb, t), tile_src(v_pool, vtail, vt, nb, t),
+                           wbar + s, lane);
+  }
+  st.load_q(q + (static_cast<i64>(b) * hq_total + hq0) * D, lane);
+
+  for (int it = 0; it < n_tiles; ++it) {
+    const int slot = it % S;
+    mbar_wait(wbar + slot, (it / S) & 1);
+    {
+      const int nx = it + S - 1;
+      if (nx < n_tiles) {
+        __syncwarp();  // every lane's reads of the slot refilled now are done (they finished last iteration)
+        fence_proxy_async();
+        const int t = first + nx * TILE + wrow;
+        issue(wring + (nx % S) * 2 * TB, tile_src(k_pool, ktail, kt, nb, t), tile_src(v_pool, vtail, vt, nb, t),
+              wbar + nx % S, lane);
+      }
+    }
+    const int tok0 = first + it * TILE + wrow;
+    const Src ks = tile_src(k_pool, ktail, kt, nb, tok0), vs = tile_src(v_pool, vtail, vt, nb, tok0);
+    const unsigned char* sl = wring + slot * 2 * TB;
+    const int vlo = lo - tok0, vhi = hi - tok0;
+    const bool edge = vlo > 0 || vhi < 16;
+#ifdef GAAC_SASS_TILE_ONLY
+    compressed_tile<GAAC_SASS_TILE_ONLY == 2>(st, sl, cst, tok0, lo, hi, lane, scale_log2);
+    if (true) {
+    } else if (false) {
+#else
+    if (ks.comp && vs.comp && !edge) {
+#endif
+      // the common case: both tiles compressed, one straight-line body per tile, the raw-group fix compiled
+      // in only for tiles that list raw groups (n_raw is the first byte of each side area)
+      const u32 nraw = (sl[SIDE_OFF] | sl[TB + SIDE_OFF]);
+      if (nraw == 0) compressed_tile<false>(st, sl, cst, tok0, lo, hi, lane, scale_log2);
+      else compressed_tile<true>(st, sl, cst, tok0, lo, hi, lane, scale_log2);
+    } else if (ks.comp && vs.comp) {
+      compressed_tile<true, true>(st, sl, cst, tok0, lo, hi, lane, scale_log2, vlo, vhi);
+    } else if (ks.comp) {
+      mixed_tile<true, false>(st, sl, cst, ks, vs, tok0, lo, hi, vlo, vhi, edge, lane, scale_log2);
+    } else if (vs.comp) {
+      mixed_tile<false, true>(st, sl, cst, ks, vs, tok0, lo, hi, vlo, vhi, edge, lane, scale_log2);
+    } else {
+      mixed_tile<false, false>(st, sl, cst, ks, vs, tok0, lo, hi, vlo, vhi, edge, lane, scale_log2);
+    }
+  }
+  __syncthreads();
+  attend::finish(st, smem, attend::Output{part_o, part_lse, out, counters, static_cast<i64>(b) * hq_total + hq0, bh,
+                                          split, splits});
+}
+
+// Standalone decoder: the blocks that table `entries` point at, rebuilt by the kernel's own LaneTile code and
+// written row-major, out bf16 [N, T, D] (BF16 blocks copied). One warp per 16-token tile; grid
+// (ceil(N * T / 16 / W)); base16 uint8 [N, D] per entry. is_v selects the kind's lane mapping.
+extern "C" __global__ void __launch_bounds__(THREADS)
+gaac_v4_decode_blocks(const unsigned char* __restrict__ pool, const i64* __restrict__ entries,
+                      const unsigned char* __restrict__ b16, int n_blocks, int is_v, u16* __restrict__ out) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  unsigned char* ring = smem;                          // [W][TB]
+  uint2* cst_all = reinterpret_cast<uint2*>(smem + W * TB);  // [W][KS][32]
+  __shared__ __align__(8) unsigned long long bars[W];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int tile = blockIdx.x * W + warp, per_block = T / 16;
+  const bool live = tile < n_blocks * per_block;
+  const int blk = live ? tile / per_block : 0, r0 = (tile % per_block) * 16;
+  const i64 e = live ? entries[blk] : 0;
+  const unsigned char* at = pool + (e & ~(ENTRY_ALIGN - 1));
+  u16* o = out + (static_cast<i64>(blk) * T + r0) * D;
+  if (lane == 0) mbar_init(bars + warp, 1);
+  fence_proxy_async();
+  __syncwarp();
+  if (!live) return;
+  if (e & ENTRY_RAW) {  // a block stored as BF16: copy its 16 rows
+    const u16* src = reinterpret_cast<const u16*>(at) + r0 * D;
+    for (int i = lane; i < 16 * D / 2; i += 32) reinterpret_cast<u32*>(o)[i] = __ldg(reinterpret_cast<const u32*>(src) + i);
+    return;
+  }
+  uint2* cst = cst_all + warp * KS * 32;
+  const unsigned char* bb = b16 + static_cast<i64>(blk) * D;
+  for (int idx = lane; idx < KS * 32; idx += 32) {
+    const int s = idx / 32, l = idx % 32, g = l >> 2, t = l & 3;
+    u32 r[2];
+    for (int i = 0; i < 2; ++i) {
+      const int c = is_v ? 16 * s + g + 8 * i : 16 * s + 2 * t + 8 * i;
+      r[i] = gaac_v3::pair_const(bb[c], bb[is_v ? c : c + 1]);
+    }
+    cst[idx] = make_uint2(r[0], r[1]);
+  }
+  unsigned char* sl = ring + warp * TB;
+  if (lane == 0) {
+    mbar_arrive_expect_tx(bars + warp, TB);
+    bulk_copy_g2s(sl, at + (r0 / 16) * TB, TB, bars + warp);
+  }
+  mbar_wait(bars + warp, 0);
+  __syncwarp();  // the constants
+  auto put = [&](bool v, int s, const u32 (&a)[4]) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      int r, c;
+      gaac_v4::pair_rc(v, lane, s, j, r, c);
+      o[r * D + c] = a[j] & 0xFFFF;
+      if (!v) o[r * D + c + 1] = a[j] >> 16;
+      else o[(r + 1) * D + c] = a[j] >> 16;
+    }
+  };
+  if (is_v) {
+    LaneTile<true, true> lt;
+    lt.load(sl, cst, lane);
+#pragma unroll
+    for (int s = 0; s < KS; ++s) {
+      u32 a[4];
+      lt.group(s, a);
+      put(true, s, a);
+    }
+  } else {
+    LaneTile<false, true> lt;
+    lt.load(sl, cst, lane);
+#pragma unroll
+    for (int s = 0; s < KS; ++s) {
+      u32 a[4];
+      lt.group(s, a);
+      put(false, s, a);
+    }
+  }
+}
