@@ -91,7 +91,7 @@ def _every_pattern(D, T, kind, seed=0):
     x = pats.to(torch.int16).view(torch.bfloat16).reshape(n, T, D)
     base = torch.randint(100, 140, (D,), generator=g).to(torch.uint8)
     near = synthetic_kv((1, 1, 8 * T, D), kind, seed)[0, 0].reshape(8, T, D)
-    return torch.cat([x, near]), torch.cat([base.expand(n, D), calibrate(near.unsqueeze(0).unsqueeze(0))[1].expand(8, D)])
+    return torch.cat([x, near]), torch.cat([base.expand(n, D), calibrate(near.reshape(1, 1, 8 * T, D))[1].expand(8, D)])
 
 
 @pytest.mark.parametrize("D", [64, 128])
