@@ -327,7 +327,8 @@ def run_case(model, table, B, S, dev, args, progress=None):
             row["prefill_s_gaac"] = statistics.median(samples)
             row["prefill_s_gaac_samples"] = samples
         row["gaac_format_version"] = cache.layers[0].format_version
-        row["gaac_decode_path"] = ("fused v3 CUDA" if getattr(cache.layers[0], "fused_v3", False) and args.fused
+        row["gaac_decode_path"] = (f"fused v{cache.layers[0].format_version} CUDA"
+                                   if getattr(cache.layers[0], "fused_v3", False) and args.fused
                                    else "fused v2 Triton" if cache.layers[0].format_version == 2 and args.fused
                                    and dev.type == "cuda"
                                    else "decode + SDPA")
@@ -382,7 +383,7 @@ def main(argv=None):
                    help="leave out the DynamicCache rows (copies the history each step; slow at B x S >= 512K)")
     p.add_argument("--fused", default="true", choices=("true", "false", "auto"),
                    help="GAACCache(fused=...) for the GAAC rows (e2e_h200_auto.json ran with auto)")
-    p.add_argument("--format-version", type=int, default=None, choices=(2, 3),
+    p.add_argument("--format-version", type=int, default=None, choices=(2, 3, 4),
                    help="GAACCache(format_version=...); default: the cache's own choice (v3 on Hopper with the cuda extra)")
     p.add_argument("--skip-stock-graph", action="store_true",
                    help="with --graphs, leave out transformers' StaticCache replayed from a graph (its own prefill)")

@@ -23,20 +23,25 @@ def model_table():
     return tiny_model("cuda")
 
 
-def _prefilled(model, table, rows=2, length=37, seed=3):
+#: both byte-pool formats run graph-mode steps (format v4: its encoder and packer are host-sync free too)
+VERSIONS = pytest.mark.parametrize("version", [3, 4])
+
+
+def _prefilled(model, table, rows=2, length=37, seed=3, version=3):
     ids = torch.randint(0, 512, (rows, length), generator=torch.Generator().manual_seed(seed)).cuda()
-    cache = GAACCache(model.config, calibration=table, format_version=3)
+    cache = GAACCache(model.config, calibration=table, format_version=version)
     with torch.no_grad():
         out = model(ids, past_key_values=cache)
-    assert cache.layers[0].fused_v3, "the fused v3 kernel does not serve this cache (not Hopper?)"
+    assert cache.layers[0].fused_v3, f"the fused v{version} kernel does not serve this cache (not Hopper?)"
     return cache, out.logits[:, -1:].argmax(-1)
 
 
-def test_replays_equal_eager_graph_mode_steps_and_do_not_sync(model_table):
+@VERSIONS
+def test_replays_equal_eager_graph_mode_steps_and_do_not_sync(model_table, version):
     model, table = model_table
     steps = 45  # closes at 48, 64, 80 (block 16)
-    ref_cache, tok = _prefilled(model, table)
-    cache, _ = _prefilled(model, table)
+    ref_cache, tok = _prefilled(model, table, version=version)
+    cache, _ = _prefilled(model, table, version=version)
     ref = DecodeGraphs(model, ref_cache, horizon=60, capture=False)
     run = DecodeGraphs(model, cache, horizon=100)  # no re-reservation (a capture synchronizes)
     feed = tok
@@ -62,10 +67,11 @@ def test_replays_equal_eager_graph_mode_steps_and_do_not_sync(model_table):
     assert cache.verify()["slot_rows"] > 0
 
 
-def test_replays_agree_with_ordinary_steps(model_table):
+@VERSIONS
+def test_replays_agree_with_ordinary_steps(model_table, version):
     model, table = model_table
-    eager, tok = _prefilled(model, table)
-    cache, _ = _prefilled(model, table)
+    eager, tok = _prefilled(model, table, version=version)
+    cache, _ = _prefilled(model, table, version=version)
     run = DecodeGraphs(model, cache, horizon=60)
     feed = tok
     with torch.no_grad():
@@ -78,7 +84,8 @@ def test_replays_agree_with_ordinary_steps(model_table):
     run.close()
 
 
-def test_generate_through_cuda_graphs(model_table):
+@VERSIONS
+def test_generate_through_cuda_graphs(model_table, version):
     model, table = model_table
     g = torch.Generator().manual_seed(5)
     ids = torch.randint(0, 512, (2, 30), generator=g).cuda()
@@ -88,7 +95,7 @@ def test_generate_through_cuda_graphs(model_table):
     outs = []
     with torch.no_grad():
         for capture in (False, True):
-            cache = GAACCache(model.config, calibration=table, format_version=3)
+            cache = GAACCache(model.config, calibration=table, format_version=version)
             with cuda_graphs(model, cache, horizon=48, capture=capture) as session:
                 outs.append(model.generate(input_ids=ids, attention_mask=mask, past_key_values=cache, **kw))
                 if capture:
