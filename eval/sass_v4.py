@@ -31,9 +31,9 @@ FMA = {"IMAD", "FFMA", "FMUL", "FADD", "FMNMX", "FSEL", "FSETP", "IDP", "IMUL", 
 _BRA = re.compile(r"BRA (?:\S+ )?0x([0-9a-f]+)")
 
 
-def build(head_dim: int, raw: bool, out: str, group: int = 4, warps: int = 8, ctas: int = 1) -> dict:
+def build(head_dim: int, raw: bool, out: str, group: int = 4, warps: int = 8, ctas: int = 1, extra=None) -> dict:
     d = dict(HEAD_DIM=head_dim, QUERY_GROUP=group, PAGE=64, WARPS=warps, STAGES=2, MIN_CTAS_PER_SM=ctas,
-             GAAC_SASS_TILE_ONLY=2 if raw else 1)
+             GAAC_SASS_TILE_ONLY=2 if raw else 1) | dict(extra or {})
     cmd = ["nvcc", "-cubin", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-O3", "-Xptxas", "-v",
            f"-I{REPO}/kernels/cuda/include", f"-I{REPO}/kernels/cuda", *[f"-D{k}={v}" for k, v in d.items()],
            str(SRC), "-o", out]
@@ -54,9 +54,10 @@ def loop_ops(cubin: str) -> collections.Counter:
     return collections.Counter(re.sub(r"^@!?U?P[0-9T] ", "", t).split()[0].split(".")[0] for t in ins[start: end + 1])
 
 
-def measure(head_dim: int, raw: bool, tmp: str) -> dict:
+def measure(head_dim: int, raw: bool, tmp: str, extra=None) -> dict:
+    """Counts of the loop body; ``extra``: more defines (e.g. the planner's CONST_REGS)."""
     cubin = str(Path(tmp) / f"v4_{head_dim}_{int(raw)}.cubin")
-    rep = build(head_dim, raw, cubin)
+    rep = build(head_dim, raw, cubin, extra=extra)
     ops = loop_ops(cubin)
     n = sum(ops.values())
     return dict(head_dim=head_dim, raw=raw, instructions=n, int_pipe=sum(v for k, v in ops.items() if k in INT),

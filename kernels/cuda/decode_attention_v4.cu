@@ -16,7 +16,7 @@
 // Pool addressing (the v3 pool's): block-table entries are int64 byte offsets into one byte pool, | 1 for a
 // block stored as BF16 (row-major [PAGE, D]); the incomplete last block is the BF16 tail.
 // Defines: HEAD_DIM (64, 128), QUERY_GROUP (1..16), PAGE (tokens per block, a multiple of 16), WARPS, STAGES
-// (>= 2, copies in flight per warp + 1), MIN_CTAS_PER_SM (the register cap the planner sized the grid for).
+// (>= 2, copies in flight per warp + 1), MIN_CTAS_PER_SM (the register cap the planner sized the grid for), CONST_REGS.
 // Analysis builds only: GAAC_SASS_TILE_ONLY = 1 / 2 compiles the loop with the compressed tile body alone
 // (without / with raw groups) for static instruction counts (eval/sass_v4.py); its results are wrong.
 #include "gaac_v3/core.cuh"  // first: its GROUP constant (8 channels) collides with the query-group define
@@ -36,6 +36,13 @@
 #endif
 #ifndef PAGE
 #define PAGE 64
+#endif
+// CONST_REGS: hold both kinds' base16 pair constants in registers for the whole split instead of reading them
+// from shared memory in every group (d = 128: 561 -> 537 instructions and 28 -> 12 LDS per warp-tile, +40
+// registers; the planner sets it where the register cap leaves room). Reading V's words early (in attend.cuh's
+// after_k hook, before the softmax) was tried: ptxas already hoists them, the SASS was identical.
+#ifndef CONST_REGS
+#define CONST_REGS 0
 #endif
 
 namespace {
@@ -87,13 +94,11 @@ struct LaneTile {
   uint4 sm[LAZY ? 1 : NP / 8];
   uint4 cw4[LAZY ? 1 : KS / 4];
   const unsigned char* tb;  // LAZY: the staged tile
-  const uint2* cst;  // this kind's constants, [KS][32]
   int lane;
   u32 rs0, nib0;     // RAW: the lane's raw group (k-step, high-nibble word); k-step 0xFF when none
 
-  __device__ __forceinline__ void load(const unsigned char* tb_, const uint2* cst_kind, int lane_) {
+  __device__ __forceinline__ void load(const unsigned char* tb_, int lane_) {
     lane = lane_;
-    cst = cst_kind;
     tb = tb_;
     if (!LAZY) {
 #pragma unroll
@@ -122,9 +127,8 @@ struct LaneTile {
     return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
   }
 
-  // the four A-fragment registers of k-step (K) / m-tile (V) s
-  __device__ __forceinline__ void group(int s, u32 (&a)[4]) const {
-    const uint2 c4 = cst[s * 32 + lane];
+  // the four A-fragment registers of k-step (K) / m-tile (V) s, with its base16 pair constants c4
+  __device__ __forceinline__ void group(int s, u32 (&a)[4], uint2 c4) const {
     u32 w;
     uint2 smg;  // LAZY: the group's two sign/mantissa words (pairs 4s..4s+3)
     if (LAZY) {
@@ -173,6 +177,25 @@ __device__ __forceinline__ void mask_v(int lane, int vlo, int vhi, u32 (&a)[4]) 
   }
 }
 
+// Where a group's base16 pair constants come from: shared memory ([2][KS][32] uint2), or registers loaded from
+// there once per split (CONST_REGS).
+struct Consts {
+  const uint2* smem;
+  uint2 reg[CONST_REGS ? 2 : 1][CONST_REGS ? KS : 1];
+  __device__ __forceinline__ void init(const uint2* cst, int lane) {
+    smem = cst;
+    if (CONST_REGS) {
+#pragma unroll
+      for (int kind = 0; kind < 2; ++kind)
+#pragma unroll
+        for (int s = 0; s < KS; ++s) reg[CONST_REGS ? kind : 0][CONST_REGS ? s : 0] = cst[(kind * KS + s) * 32 + lane];
+    }
+  }
+  __device__ __forceinline__ uint2 get(int kind, int s, int lane) const {
+    return CONST_REGS ? reg[CONST_REGS ? kind : 0][CONST_REGS ? s : 0] : smem[(kind * KS + s) * 32 + lane];
+  }
+};
+
 struct Src {
   const unsigned char* comp;  // the compressed 16-token tile, or null
   const u16* bf16;            // the tile's BF16 rows (a BF16 block or the tail) when comp is null
@@ -202,18 +225,18 @@ __device__ __forceinline__ void issue(unsigned char* slot, Src ks, Src vs, unsig
 // is its own straight-line instantiation, chosen per tile outside: one body with run-time branches between
 // kinds kept both kinds' state live (153 registers instead of 108 at d=128, lab notebook session 17).
 template <bool RAW, bool EDGE = false>
-__device__ __forceinline__ void compressed_tile(attend::WarpState& st, const unsigned char* sl, const uint2* cst, int tok0,
+__device__ __forceinline__ void compressed_tile(attend::WarpState& st, const unsigned char* sl, const Consts& cst, int tok0,
                                                 int lo, int hi, int lane, float scale_log2, int vlo = 0, int vhi = 16) {
   LaneTile<false, RAW> kl;
   LaneTile<true, RAW> vl;
   st.rows_from(
       [&](int k, u32 (&a)[4]) {
-        if (k == 0) kl.load(sl, cst, lane);  // each kind's words are read when its first fragment is needed
-        kl.group(k, a);
+        if (k == 0) kl.load(sl, lane);  // each kind's words are read when its first fragment is needed
+        kl.group(k, a, cst.get(0, k, lane));
       },
       [&](int m, u32 (&a)[4]) {
-        if (m == 0) vl.load(sl + TB, cst + KS * 32, lane);
-        vl.group(m, a);
+        if (m == 0) vl.load(sl + TB, lane);
+        vl.group(m, a, cst.get(1, m, lane));
         if (EDGE) mask_v(lane, vlo, vhi, a);
       },
       tok0, lo, hi, lane, scale_log2);
@@ -222,7 +245,7 @@ __device__ __forceinline__ void compressed_tile(attend::WarpState& st, const uns
 // A warp-tile with at least one kind stored BF16: KC / VC say which kinds are compressed (staged in the slot);
 // BF16 kinds are read from global memory.
 template <bool KC, bool VC>
-__device__ __forceinline__ void mixed_tile(attend::WarpState& st, const unsigned char* sl, const uint2* cst, Src ks,
+__device__ __forceinline__ void mixed_tile(attend::WarpState& st, const unsigned char* sl, const Consts& cst, Src ks,
                                            Src vs, int tok0, int lo, int hi, int vlo, int vhi, bool edge, int lane,
                                            float scale_log2) {
   LaneTile<false, true> kl;
@@ -230,16 +253,16 @@ __device__ __forceinline__ void mixed_tile(attend::WarpState& st, const unsigned
   st.rows_from(
       [&](int k, u32 (&a)[4]) {
         if (KC) {
-          if (k == 0) kl.load(sl, cst, lane);
-          kl.group(k, a);
+          if (k == 0) kl.load(sl, lane);
+          kl.group(k, a, cst.get(0, k, lane));
         } else {
           bf16_group(ks.bf16, false, lane, k, vlo, vhi, a);
         }
       },
       [&](int m, u32 (&a)[4]) {
         if (VC) {
-          if (m == 0) vl.load(sl + TB, cst + KS * 32, lane);
-          vl.group(m, a);
+          if (m == 0) vl.load(sl + TB, lane);
+          vl.group(m, a, cst.get(1, m, lane));
           if (edge) mask_v(lane, vlo, vhi, a);
         } else {
           bf16_group(vs.bf16, true, lane, m, vlo, vhi, a);
@@ -287,6 +310,8 @@ gaac_v4_decode_split(const u16* __restrict__ q,                                 
 
   unsigned char* wring = ring + warp * S * 2 * TB;
   const int wrow = warp * 16;
+  Consts cs;
+  cs.init(cst, lane);
   attend::WarpState st;
   st.init();
 #pragma unroll
@@ -316,7 +341,7 @@ gaac_v4_decode_split(const u16* __restrict__ q,                                 
     const int vlo = lo - tok0, vhi = hi - tok0;
     const bool edge = vlo > 0 || vhi < 16;
 #ifdef GAAC_SASS_TILE_ONLY
-    compressed_tile<GAAC_SASS_TILE_ONLY == 2>(st, sl, cst, tok0, lo, hi, lane, scale_log2);
+    compressed_tile<GAAC_SASS_TILE_ONLY == 2>(st, sl, cs, tok0, lo, hi, lane, scale_log2);
     if (true) {
     } else if (false) {
 #else
@@ -325,16 +350,16 @@ gaac_v4_decode_split(const u16* __restrict__ q,                                 
       // the common case: both tiles compressed, one straight-line body per tile, the raw-group fix compiled
       // in only for tiles that list raw groups (n_raw is the first byte of each side area)
       const u32 nraw = (sl[SIDE_OFF] | sl[TB + SIDE_OFF]);
-      if (nraw == 0) compressed_tile<false>(st, sl, cst, tok0, lo, hi, lane, scale_log2);
-      else compressed_tile<true>(st, sl, cst, tok0, lo, hi, lane, scale_log2);
+      if (nraw == 0) compressed_tile<false>(st, sl, cs, tok0, lo, hi, lane, scale_log2);
+      else compressed_tile<true>(st, sl, cs, tok0, lo, hi, lane, scale_log2);
     } else if (ks.comp && vs.comp) {
-      compressed_tile<true, true>(st, sl, cst, tok0, lo, hi, lane, scale_log2, vlo, vhi);
+      compressed_tile<true, true>(st, sl, cs, tok0, lo, hi, lane, scale_log2, vlo, vhi);
     } else if (ks.comp) {
-      mixed_tile<true, false>(st, sl, cst, ks, vs, tok0, lo, hi, vlo, vhi, edge, lane, scale_log2);
+      mixed_tile<true, false>(st, sl, cs, ks, vs, tok0, lo, hi, vlo, vhi, edge, lane, scale_log2);
     } else if (vs.comp) {
-      mixed_tile<false, true>(st, sl, cst, ks, vs, tok0, lo, hi, vlo, vhi, edge, lane, scale_log2);
+      mixed_tile<false, true>(st, sl, cs, ks, vs, tok0, lo, hi, vlo, vhi, edge, lane, scale_log2);
     } else {
-      mixed_tile<false, false>(st, sl, cst, ks, vs, tok0, lo, hi, vlo, vhi, edge, lane, scale_log2);
+      mixed_tile<false, false>(st, sl, cs, ks, vs, tok0, lo, hi, vlo, vhi, edge, lane, scale_log2);
     }
   }
   __syncthreads();
@@ -398,20 +423,20 @@ gaac_v4_decode_blocks(const unsigned char* __restrict__ pool, const i64* __restr
   };
   if (is_v) {
     LaneTile<true, true> lt;
-    lt.load(sl, cst, lane);
+    lt.load(sl, lane);
 #pragma unroll
     for (int s = 0; s < KS; ++s) {
       u32 a[4];
-      lt.group(s, a);
+      lt.group(s, a, cst[s * 32 + lane]);
       put(true, s, a);
     }
   } else {
     LaneTile<false, true> lt;
-    lt.load(sl, cst, lane);
+    lt.load(sl, lane);
 #pragma unroll
     for (int s = 0; s < KS; ++s) {
       u32 a[4];
-      lt.group(s, a);
+      lt.group(s, a, cst[s * 32 + lane]);
       put(false, s, a);
     }
   }

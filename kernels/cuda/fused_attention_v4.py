@@ -46,6 +46,13 @@ def default_ctas_per_sm(head_dim: int, group: int, warps: int) -> int:
     return max(1, 16 // warps)
 
 
+def const_regs_fit(head_dim: int, warps: int, ctas_per_sm: int) -> bool:
+    """Whether the base16 constants can live in registers (``CONST_REGS``, 24 fewer instructions per warp-tile at
+    d = 128) without spills: ptxas sm_90a, tests/test_v4_cuda_build.py: 232-250 registers at d = 128 under the
+    255 cap of <= 8 warps x 1 CTA (4 bytes of spills under a 128 cap), 128 at d = 64."""
+    return head_dim <= 64 or 32 * warps * ctas_per_sm <= 256
+
+
 def tile_bytes(d: int) -> int:
     return 24 * d + 32
 
@@ -90,7 +97,7 @@ def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, 
     if smem > MAX_SMEM:
         raise ValueError(f"{splits} splits x {group} heads do not fit the merge in shared memory")
     defines = dict(HEAD_DIM=head_dim, QUERY_GROUP=group, PAGE=block_size, WARPS=warps, STAGES=stages,
-                   MIN_CTAS_PER_SM=per_sm)
+                   MIN_CTAS_PER_SM=per_sm, CONST_REGS=int(const_regs_fit(head_dim, warps, per_sm)))
     return dict(defines=defines, smem=smem, splits=splits, tokens_per_split=tps, threads=32 * warps, warps=warps)
 
 
