@@ -33,7 +33,7 @@ def _cap(defines) -> int:
 
 # (head_dim, GQA group, batch x kv heads): the tuned shapes and the edges of the group range
 PLANS = [(128, 4, 8), (128, 4, 64), (128, 1, 8), (128, 16, 8), (128, 8, 32), (64, 3, 3), (64, 3, 48), (64, 16, 2),
-         (64, 1, 8)]
+         (64, 1, 8), (256, 4, 1), (256, 8, 16), (256, 1, 4)]
 
 
 @pytest.mark.parametrize("d,g,streams", PLANS)

@@ -94,7 +94,7 @@ def _every_pattern(D, T, kind, seed=0):
     return torch.cat([x, near]), torch.cat([base.expand(n, D), calibrate(near.reshape(1, 1, 8 * T, D))[1].expand(8, D)])
 
 
-@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("D", [64, 128, 256])
 @pytest.mark.parametrize("T", [16, 64])
 @pytest.mark.parametrize("kind", ["k", "v"])
 def test_cuda_decoder_rebuilds_every_pattern(D, T, kind):
@@ -125,6 +125,8 @@ CASES = [  # (B, Hq, Hkv, D, T, seq_lens)
     (1, 12, 4, 64, 16, [777]),         # block 16: a warp-step spans several blocks
     (1, 8, 2, 128, 128, [1100]),       # block 128: a block spans two warp-steps
     (1, 32, 8, 128, 64, [0]),          # empty sequence: zeros
+    (1, 4, 1, 256, 64, [3000]),        # head_dim 256 (Gemma-3 shape)
+    (2, 16, 2, 256, 64, [1300, 70]),   # head_dim 256, group 8
 ]
 
 
@@ -139,6 +141,8 @@ def test_bit_identical_to_bf16_twin_and_close_to_fp64(B, HQ, HKV, D, T, lens, cf
     v = synthetic_kv((B, HKV, S, D), "v", seed + 1).to(DEV)
     q = torch.randn(B, HQ, D, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16).to(DEV)
     kv = pack_paged_v4(k, v, lens, T, _bases16(k, v), generator=torch.Generator().manual_seed(seed))
+    if D == 256 and cfg is not None and cfg.ctas_per_sm:  # 16 KB slots: 2 CTAs fit with 2 warps x 2 stages
+        cfg = LaunchConfig(num_warps=2, num_stages=2, ctas_per_sm=2)
     out = _check(q, k, v, kv, lens, T, cfg)
     if max(lens) == 0:
         assert torch.equal(out, torch.zeros_like(out))
@@ -146,7 +150,7 @@ def test_bit_identical_to_bf16_twin_and_close_to_fp64(B, HQ, HKV, D, T, lens, cf
     assert _rel_err(out, attention_reference(q, k, v, lens)) < 1e-2
 
 
-@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("D", [64, 128, 256])
 def test_adversarial_blocks_bit_identical(D):
     """Raw groups (1-3 per tile), BF16-stored blocks, NaN / Inf / subnormal values, windows at 0 and 255."""
     _needs_hopper()
@@ -253,6 +257,10 @@ def test_refuses_wrong_inputs():
         gaac_decode_attention_v4(q.float(), kv)
     with pytest.raises(ValueError, match="multiple of kv heads"):
         gaac_decode_attention_v4(q[:, :7].contiguous(), kv)
+    k = synthetic_kv((1, 1, 256, 256), "k", 0).to(DEV)
+    kv = pack_paged_v4(k, k, [256], 64, _bases16(k, k))
+    with pytest.raises(ValueError, match="at most 8 query heads"):
+        gaac_decode_attention_v4(torch.randn(1, 12, 256, device=DEV).to(torch.bfloat16), kv)
 
 
 # ---- GAACCache(format_version=4) -------------------------------------------------------------------------------

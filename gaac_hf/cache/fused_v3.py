@@ -27,7 +27,7 @@ from .calls import plain_call
 
 #: head_dims the fused kernels are built for, per format (others decode + SDPA)
 HEAD_DIMS = (64, 128, 256)
-HEAD_DIMS_V4 = (64, 128)
+HEAD_DIMS_V4 = (64, 128, 256)
 _REPORTED: set = set()
 
 
@@ -65,8 +65,8 @@ def why_unavailable(device: torch.device, head_dim: int | None = None, group: in
     if format_version == 4:
         if head_dim is not None and head_dim not in HEAD_DIMS_V4:
             return f"head_dim {head_dim}: the fused v4 kernel takes {HEAD_DIMS_V4}"
-        if group is not None and group > 16:
-            return f"{group} query heads per kv head: the fused v4 kernel takes up to 16"
+        if group is not None and (group > 16 or (head_dim == 256 and group > 8)):
+            return f"{group} query heads per kv head: the fused v4 kernel takes up to 16 (8 at head_dim 256)"
         return None
     if head_dim is not None and head_dim not in HEAD_DIMS:
         return f"head_dim {head_dim}: the fused v3 kernel takes {HEAD_DIMS}"

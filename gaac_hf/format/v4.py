@@ -76,7 +76,7 @@ GUARD = ALIGN  #: bytes at a pool's end that hold no block (sink of the packer's
 ENTRY_RAW = 1
 
 HEAD_DIMS = (64, 128, 192, 256)  #: the code plane is uint4 [KS / 4][32]: head_dim a multiple of 64
-KERNEL_HEAD_DIMS = (64, 128)  #: head dims the CUDA kernels are built for
+KERNEL_HEAD_DIMS = (64, 128, 256)  #: head dims the CUDA kernels are built for
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ and splits its output is bit-identical to :func:`attention.bf16_decode_attention
     out = gaac_decode_attention_v4(q, kv, scale=None, launch=None, out=None)   # kv: PagedKV of PagedTensorV4
     x   = decode_blocks_v4_cuda(pool, entries, base16, geometry, kind)        # bf16 [N, T, D]
 
-    q    bf16 [B, Hq, D]    Hq = G * Hkv, D in (64, 128), G <= 16
+    q    bf16 [B, Hq, D]    Hq = G * Hkv, D in (64, 128, 256), G <= 16 (<= 8 at D = 256)
     -> out bf16 [B, Hq, D]
 
 No host synchronisation: the grid depends on host integers only (``kv.active_blocks`` or the table's
@@ -32,7 +32,7 @@ SOURCE = "decode_attention_v4.cu"
 HEAD_DIMS = KERNEL_HEAD_DIMS
 #: defaults measured on the H200 (lab/cuda-decode-notebook.md, call R4: F4i, 9 launch shapes x 8 cases):
 #: 8 warps x 2 stages was best or within 2% everywhere; 1 CTA per SM at d = 128 (192 registers), 2 at d = 64
-DEFAULT_WARPS = 8
+DEFAULT_WARPS = 8  # 4 at d = 256: 8 x 2 stages of 16 KB slots do not fit shared memory
 DEFAULT_STAGES = 2
 DEFAULT_WAVES = 1
 
@@ -47,19 +47,26 @@ def default_ctas_per_sm(head_dim: int, group: int, warps: int) -> int:
 
 
 def const_regs_fit(head_dim: int, warps: int, ctas_per_sm: int) -> bool:
-    """Whether the base16 constants can live in registers (``CONST_REGS``, 24 fewer instructions per warp-tile at
-    d = 128) without spills: ptxas sm_90a, tests/test_v4_cuda_build.py: 232-250 registers at d = 128 under the
-    255 cap of <= 8 warps x 1 CTA (4 bytes of spills under a 128 cap), 128 at d = 64."""
-    return head_dim <= 64 or 32 * warps * ctas_per_sm <= 256
+    """Whether the base16 constants live in registers (``CONST_REGS``: 24 fewer instructions per warp-tile at
+    d = 128; call S3: 1.8-2.8% faster at Qwen3 128K, B=4 64K, B=16 32K) without spills: ptxas sm_90a,
+    tests/test_v4_cuda_build.py: 232-250 registers at d = 128 under the 255 cap of <= 8 warps x 1 CTA (4 bytes
+    of spills under a 128 cap). Not at d = 64: 2% slower there (call S3, SmolLM2 B=1 32K)."""
+    return head_dim >= 128 and 32 * warps * ctas_per_sm <= 256
 
 
 def tile_bytes(d: int) -> int:
     return 24 * d + 32
 
 
+def slot_bytes(d: int) -> int:
+    """Shared memory for one tile of one kind in a warp's ring: a compressed tile or 16 BF16 rows (blocks stored
+    as BF16 and the tail are staged by the same bulk copies)."""
+    return max(tile_bytes(d), 32 * d)
+
+
 def smem_bytes(d: int, warps: int, stages: int) -> int:
-    """Base16 pair constants ([2][d/16][32] uint2) + the warps' rings ([warps][stages][K, V][tile])."""
-    return 2 * (d // 16) * 32 * 8 + warps * stages * 2 * tile_bytes(d)
+    """Base16 pair constants ([2][d/16][32] uint2) + the warps' rings ([warps][stages][K, V][slot])."""
+    return 2 * (d // 16) * 32 * 8 + warps * stages * 2 * slot_bytes(d)
 
 
 def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, max_tokens: int,
@@ -70,7 +77,7 @@ def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, 
     ``MIN_TOKENS_PER_SPLIT`` tokens each), or ``config.num_splits``."""
     if config.loader not in (None, "bulk"):
         raise ValueError(f"the v4 kernel stages tiles with the copy engine (bulk copies), got loader={config.loader!r}")
-    warps = config.num_warps or DEFAULT_WARPS
+    warps = config.num_warps or (DEFAULT_WARPS if head_dim <= 128 else 4)
     if warps not in (1, 2, 4, 8, 16):
         raise ValueError(f"num_warps must be 1, 2, 4, 8 or 16, got {warps}")
     stages = config.num_stages or DEFAULT_STAGES
@@ -142,6 +149,9 @@ def _check(q: torch.Tensor, kv: PagedKV) -> tuple[int, int, int, int, int]:
                              f"{tuple(p.base16.shape)}")
     if HQ % HKV or HQ // HKV > 16:
         raise ValueError(f"query heads ({HQ}) must be a multiple of kv heads ({HKV}), at most 16 per kv head")
+    if D == 256 and HQ // HKV > 8:
+        raise ValueError(f"head_dim 256 takes at most 8 query heads per kv head in the v4 kernel (got {HQ // HKV}): "
+                         "more would spill registers")
     if kv.k.table.shape != kv.v.table.shape:
         raise ValueError("K and V block tables must have the same shape")
     for name, t in (("num_blocks", kv.num_blocks), ("tail_len", kv.tail_len), ("kv_start", kv.kv_start)):
