@@ -44,6 +44,11 @@
 #ifndef CONST_REGS
 #define CONST_REGS 0
 #endif
+// TABLE_WINDOW: look the tiles' block-table entries up 32 tiles at a time, one lane per tile (struct Window),
+// and issue a CTA's first copies before its constants are built; 0: one dependent table read per tile.
+#ifndef TABLE_WINDOW
+#define TABLE_WINDOW 1
+#endif
 
 namespace {
 using namespace gaac;
@@ -57,6 +62,10 @@ constexpr gaac_v4::TileGeom GEO = gaac_v4::tile_geom(D);
 constexpr int NP = GEO.NP, KS = GEO.KS, CODE_OFF = GEO.CODE_OFF, SIDE_OFF = GEO.SIDE_OFF, TB = GEO.TB;
 constexpr i64 ENTRY_RAW = 1, ENTRY_ALIGN = 16;
 constexpr int CONST_BYTES = 2 * KS * 32 * static_cast<int>(sizeof(uint2));
+// A warp's slot holds one tile of each kind: compressed (TB bytes) or BF16 (16 rows of D, 32 D bytes: a block
+// stored as BF16 or the tail, staged by the same bulk copy and read with ldmatrix).
+constexpr int BF16_TILE = 32 * D;
+constexpr int SLOT_KIND = TB > BF16_TILE ? TB : BF16_TILE;
 static_assert(D % 64 == 0 && D <= 256, "the v4 kernel takes head_dim 64, 128, 192 or 256 (format v4 lays out multiples of 64)");
 static_assert(T % 16 == 0 && T >= 16, "PAGE must be a multiple of 16");
 static_assert(S >= 2, "STAGES must be >= 2");
@@ -85,9 +94,8 @@ __device__ __forceinline__ void build_consts(uint2* cst, const unsigned char* k1
 // One lane's view of a staged compressed tile: its sign/mantissa and code words in registers and, for a tile
 // that lists raw groups (RAW), its one raw group of this kind (the encoder stores a tile with more as BF16).
 // At head_dim > 128 a lane's words do not fit the registers beside the softmax state: there each group's words
-// are read from shared memory when the group is decoded (d = 256 compressed tiles: 159 registers). The d = 256
-// build still spills 8 bytes in the tiles that read a kind from BF16 global memory (mixed_tile), so the
-// launcher (fused_attention_v4.HEAD_DIMS) takes 64 and 128 only; 192 builds without spills, untested on a GPU.
+// are read from shared memory when the group is decoded (d = 256: 175 registers with up to 8 query heads per kv
+// head; 16 spill, and the launcher refuses them). 192 builds too, but the launcher takes 64, 128, 256.
 constexpr bool LAZY = D > 128;
 template <bool IS_V, bool RAW>
 struct LaneTile {
@@ -149,20 +157,18 @@ struct LaneTile {
   }
 };
 
-// Fragments of a BF16 tile in global memory (a block stored as BF16, the tail): rows [0, 16) at `rows`, row
-// stride D. V rows outside [vlo, vhi) read as zeros (as the twin stages them).
-__device__ __forceinline__ void bf16_group(const u16* rows, bool is_v, int lane, int s, int vlo, int vhi, u32 (&a)[4]) {
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    int r, c;
-    gaac_v4::pair_rc(is_v, lane, s, j, r, c);
-    if (!is_v) {
-      a[j] = __ldg(reinterpret_cast<const u32*>(rows + r * D + c));
-    } else {
-      const u32 lo16 = (r >= vlo && r < vhi) ? __ldg(rows + r * D + c) : 0u;
-      const u32 hi16 = (r + 1 >= vlo && r + 1 < vhi) ? __ldg(rows + (r + 1) * D + c) : 0u;
-      a[j] = lo16 | (hi16 << 16);
-    }
+// Fragments of a BF16 tile staged in the slot (row-major, row stride D, as the bulk copy lays it): K as the A
+// operand, V^T through ldmatrix.trans, with the twin's lane addressing (attend::WarpState::rows); the values are
+// the twin's, so the MMAs see the same fragments. Rows at stride 2 D bytes share banks (8-way conflicts): these
+// tiles are the rare ones (blocks stored as BF16, the tail).
+__device__ __forceinline__ void bf16_group(const unsigned char* tile, bool is_v, int lane, int s, u32 (&a)[4]) {
+  const u16* rows = reinterpret_cast<const u16*>(tile);
+  if (!is_v) {
+    const int row = (lane & 7) + ((lane >> 3) & 1) * 8, col = (lane >> 4) * 8;
+    ldmatrix_x4(a, rows + row * D + 16 * s + col);
+  } else {
+    const int row = (lane & 7) + (lane >> 4) * 8, col = ((lane >> 3) & 1) * 8;
+    ldmatrix_x4_trans(a, rows + row * D + 16 * s + col);
   }
 }
 
@@ -213,14 +219,52 @@ __device__ __forceinline__ Src tile_src(const unsigned char* pool, const u16* ta
 
 __device__ __forceinline__ void issue(unsigned char* slot, Src ks, Src vs, unsigned long long* bar, int lane) {
   if (lane == 0) {
-    const u32 bytes = (ks.comp ? TB : 0) + (vs.comp ? TB : 0);
-    mbar_arrive_expect_tx(bar, bytes);
-    if (ks.comp) bulk_copy_g2s(slot, ks.comp, TB, bar);
-    if (vs.comp) bulk_copy_g2s(slot + TB, vs.comp, TB, bar);
+    const u32 kb = ks.comp ? TB : BF16_TILE, vb = vs.comp ? TB : BF16_TILE;
+    mbar_arrive_expect_tx(bar, kb + vb);
+    bulk_copy_g2s(slot, ks.comp ? static_cast<const void*>(ks.comp) : ks.bf16, kb, bar);
+    bulk_copy_g2s(slot + SLOT_KIND, vs.comp ? static_cast<const void*>(vs.comp) : vs.bf16, vb, bar);
   }
 }
 
-// A warp-tile whose K and V tiles are both compressed, staged at sl (K) / sl + TB (V). EDGE: a tile at a
+// This warp's tile sources, a window of 32 tiles at a time (TABLE_WINDOW): lane j looks up tile base + j once
+// (one coalesced table read per 32 tiles instead of a dependent global load per tile on the loop's path, the
+// stall ncu counted as long scoreboard) and issues that tile's copies itself when its turn comes; ballots give
+// every lane each tile's kinds. Design followed: FlashInfer's paged decode prefetches page indices a step ahead;
+// here a lane per tile.
+struct Window {
+  int base;                       // first tile index of the window (warp-uniform)
+  const void* k_src; const void* v_src;  // lane j: tile base + j's staged sources
+  u32 k_bytes, v_bytes;
+  u32 kc, vc;                     // ballots: tiles of the window whose K / V are compressed
+  __device__ __forceinline__ void fill(int base_, const unsigned char* kp, const unsigned char* vp, const u16* ktl,
+                                       const u16* vtl, const i64* kt, const i64* vt, int nb, int first, int wrow,
+                                       int n_tiles, int lane) {
+    base = base_;
+    const int idx = base + lane;
+    Src ks{nullptr, ktl}, vs{nullptr, vtl};
+    if (idx < n_tiles) {
+      const int t = first + idx * TILE + wrow;
+      ks = tile_src(kp, ktl, kt, nb, t);
+      vs = tile_src(vp, vtl, vt, nb, t);
+    }
+    k_src = ks.comp ? static_cast<const void*>(ks.comp) : ks.bf16;
+    v_src = vs.comp ? static_cast<const void*>(vs.comp) : vs.bf16;
+    k_bytes = ks.comp ? TB : BF16_TILE;
+    v_bytes = vs.comp ? TB : BF16_TILE;
+    kc = __ballot_sync(0xFFFFFFFFu, ks.comp != nullptr);
+    vc = __ballot_sync(0xFFFFFFFFu, vs.comp != nullptr);
+  }
+  // tile base + j's copies into `slot`, by lane j
+  __device__ __forceinline__ void issue(int j, unsigned char* slot, unsigned long long* bar, int lane) const {
+    if (lane == j) {
+      mbar_arrive_expect_tx(bar, k_bytes + v_bytes);
+      bulk_copy_g2s(slot, k_src, k_bytes, bar);
+      bulk_copy_g2s(slot + SLOT_KIND, v_src, v_bytes, bar);
+    }
+  }
+};
+
+// A warp-tile whose K and V tiles are both compressed, staged at sl (K) / sl + SLOT_KIND (V). EDGE: a tile at a
 // split's or the sequence's edge (V rows outside [vlo, vhi) zeroed, as the twin stages them). Every tile kind
 // is its own straight-line instantiation, chosen per tile outside: one body with run-time branches between
 // kinds kept both kinds' state live (153 registers instead of 108 at d=128, lab notebook session 17).
@@ -235,18 +279,18 @@ __device__ __forceinline__ void compressed_tile(attend::WarpState& st, const uns
         kl.group(k, a, cst.get(0, k, lane));
       },
       [&](int m, u32 (&a)[4]) {
-        if (m == 0) vl.load(sl + TB, lane);
+        if (m == 0) vl.load(sl + SLOT_KIND, lane);
         vl.group(m, a, cst.get(1, m, lane));
         if (EDGE) mask_v(lane, vlo, vhi, a);
       },
       tok0, lo, hi, lane, scale_log2);
 }
 
-// A warp-tile with at least one kind stored BF16: KC / VC say which kinds are compressed (staged in the slot);
-// BF16 kinds are read from global memory.
+// A warp-tile with at least one kind stored BF16: KC / VC say which kinds are compressed; both are staged in
+// the slot. A BF16 V tile's rows outside [vlo, vhi) are zeroed after the load (the twin zeroes them in staging).
 template <bool KC, bool VC>
-__device__ __forceinline__ void mixed_tile(attend::WarpState& st, const unsigned char* sl, const Consts& cst, Src ks,
-                                           Src vs, int tok0, int lo, int hi, int vlo, int vhi, bool edge, int lane,
+__device__ __forceinline__ void mixed_tile(attend::WarpState& st, const unsigned char* sl, const Consts& cst,
+                                           int tok0, int lo, int hi, int vlo, int vhi, bool edge, int lane,
                                            float scale_log2) {
   LaneTile<false, true> kl;
   LaneTile<true, true> vl;
@@ -256,16 +300,17 @@ __device__ __forceinline__ void mixed_tile(attend::WarpState& st, const unsigned
           if (k == 0) kl.load(sl, lane);
           kl.group(k, a, cst.get(0, k, lane));
         } else {
-          bf16_group(ks.bf16, false, lane, k, vlo, vhi, a);
+          bf16_group(sl, false, lane, k, a);
         }
       },
       [&](int m, u32 (&a)[4]) {
         if (VC) {
-          if (m == 0) vl.load(sl + TB, lane);
+          if (m == 0) vl.load(sl + SLOT_KIND, lane);
           vl.group(m, a, cst.get(1, m, lane));
           if (edge) mask_v(lane, vlo, vhi, a);
         } else {
-          bf16_group(vs.bf16, true, lane, m, vlo, vhi, a);
+          bf16_group(sl + SLOT_KIND, true, lane, m, a);
+          mask_v(lane, vlo, vhi, a);
         }
       },
       tok0, lo, hi, lane, scale_log2);
@@ -287,7 +332,7 @@ gaac_v4_decode_split(const u16* __restrict__ q,                                 
                      float scale_log2) {
   extern __shared__ __align__(128) unsigned char smem[];
   uint2* cst = reinterpret_cast<uint2*>(smem);  // [2][KS][32]
-  unsigned char* ring = smem + CONST_BYTES;      // [W][S][2][TB]
+  unsigned char* ring = smem + CONST_BYTES;      // [W][S][2][SLOT_KIND]
   __shared__ __align__(8) unsigned long long bars[W * S];
 
   const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z, splits = gridDim.x;
@@ -301,43 +346,84 @@ gaac_v4_decode_split(const u16* __restrict__ q,                                 
   const u16* ktail = k_tail + bh * T * D;
   const u16* vtail = v_tail + bh * T * D;
 
-  build_consts(cst, k_b16 + h * D, v_b16 + h * D);
   unsigned long long* wbar = bars + warp * S;
+  unsigned char* wring = ring + warp * S * 2 * SLOT_KIND;
+  const int wrow = warp * 16;
+#if TABLE_WINDOW
+  // the warp's barriers first, then its first copies, then the CTA's constants: the copies' latency overlaps
+  // the constants (each warp's barriers and slots are its own, so a __syncwarp orders them)
+  if (lane == 0)
+    for (int s = 0; s < S; ++s) mbar_init(wbar + s, 1);
+  fence_proxy_async();
+  __syncwarp();
+  Window win;
+  win.fill(0, k_pool, v_pool, ktail, vtail, kt, vt, nb, first, wrow, n_tiles, lane);
+  u32 prev_kc = 0u, prev_vc = 0u;  // the previous window's kinds (the current tile lags the issued one by S - 1)
+#pragma unroll
+  for (int s = 0; s < S - 1; ++s)
+    if (s < n_tiles) win.issue(s, wring + s * 2 * SLOT_KIND, wbar + s, lane);
+  build_consts(cst, k_b16 + h * D, v_b16 + h * D);
+  __syncthreads();  // constants built
+#else
+  build_consts(cst, k_b16 + h * D, v_b16 + h * D);
   if (lane == 0)
     for (int s = 0; s < S; ++s) mbar_init(wbar + s, 1);
   fence_proxy_async();
   __syncthreads();  // constants built, barriers initialised
-
-  unsigned char* wring = ring + warp * S * 2 * TB;
-  const int wrow = warp * 16;
+#pragma unroll
+  for (int s = 0; s < S - 1; ++s) {
+    const int t = first + s * TILE + wrow;
+    if (s < n_tiles) issue(wring + s * 2 * SLOT_KIND, tile_src(k_pool, ktail, kt, nb, t), tile_src(v_pool, vtail, vt, nb, t),
+                           wbar + s, lane);
+  }
+#endif
   Consts cs;
   cs.init(cst, lane);
   attend::WarpState st;
   st.init();
-#pragma unroll
-  for (int s = 0; s < S - 1; ++s) {
-    const int t = first + s * TILE + wrow;
-    if (s < n_tiles) issue(wring + s * 2 * TB, tile_src(k_pool, ktail, kt, nb, t), tile_src(v_pool, vtail, vt, nb, t),
-                           wbar + s, lane);
-  }
   st.load_q(q + (static_cast<i64>(b) * hq_total + hq0) * D, lane);
 
+#if TABLE_WINDOW
+  // outer loop: windows of issued tiles (tile it + S - 1 is issued in iteration it); the window's lookup sits
+  // outside the per-tile loop, so that loop's body is the per-tile path alone
+  int it = 0;
+  for (int wb = 0; it < n_tiles; wb += 32) {
+    if (wb > 0 && wb < n_tiles) {
+      prev_kc = win.kc;
+      prev_vc = win.vc;
+      win.fill(wb, k_pool, v_pool, ktail, vtail, kt, vt, nb, first, wrow, n_tiles, lane);
+    }
+    const int it_end = min(n_tiles, wb + 32 - (S - 1));
+  for (; it < it_end; ++it) {
+    const int slot = it % S;
+    mbar_wait(wbar + slot, (it / S) & 1);
+    const int nx = it + S - 1;
+    if (nx < n_tiles) {
+      __syncwarp();  // every lane's reads of the slot refilled now are done (they finished last iteration)
+      fence_proxy_async();
+      win.issue(nx - win.base, wring + (nx % S) * 2 * SLOT_KIND, wbar + nx % S, lane);
+    }
+    const int j = it - win.base;  // in (-32, 32): negative in the previous window
+    const u32 kc_bits = j >= 0 ? win.kc : prev_kc, vc_bits = j >= 0 ? win.vc : prev_vc;
+    const bool k_comp = (kc_bits >> (j & 31)) & 1u, v_comp = (vc_bits >> (j & 31)) & 1u;
+#else
   for (int it = 0; it < n_tiles; ++it) {
     const int slot = it % S;
     mbar_wait(wbar + slot, (it / S) & 1);
-    {
-      const int nx = it + S - 1;
-      if (nx < n_tiles) {
-        __syncwarp();  // every lane's reads of the slot refilled now are done (they finished last iteration)
-        fence_proxy_async();
-        const int t = first + nx * TILE + wrow;
-        issue(wring + (nx % S) * 2 * TB, tile_src(k_pool, ktail, kt, nb, t), tile_src(v_pool, vtail, vt, nb, t),
-              wbar + nx % S, lane);
-      }
+    const int nx = it + S - 1;
+    if (nx < n_tiles) {
+      __syncwarp();  // every lane's reads of the slot refilled now are done (they finished last iteration)
+      fence_proxy_async();
+      const int t = first + nx * TILE + wrow;
+      issue(wring + (nx % S) * 2 * SLOT_KIND, tile_src(k_pool, ktail, kt, nb, t), tile_src(v_pool, vtail, vt, nb, t),
+            wbar + nx % S, lane);
     }
+    const int tok = first + it * TILE + wrow;
+    const Src ks = tile_src(k_pool, ktail, kt, nb, tok), vs = tile_src(v_pool, vtail, vt, nb, tok);
+    const bool k_comp = ks.comp != nullptr, v_comp = vs.comp != nullptr;
+#endif
     const int tok0 = first + it * TILE + wrow;
-    const Src ks = tile_src(k_pool, ktail, kt, nb, tok0), vs = tile_src(v_pool, vtail, vt, nb, tok0);
-    const unsigned char* sl = wring + slot * 2 * TB;
+    const unsigned char* sl = wring + slot * 2 * SLOT_KIND;
     const int vlo = lo - tok0, vhi = hi - tok0;
     const bool edge = vlo > 0 || vhi < 16;
 #ifdef GAAC_SASS_TILE_ONLY
@@ -345,23 +431,26 @@ gaac_v4_decode_split(const u16* __restrict__ q,                                 
     if (true) {
     } else if (false) {
 #else
-    if (ks.comp && vs.comp && !edge) {
+    if (k_comp && v_comp && !edge) {
 #endif
       // the common case: both tiles compressed, one straight-line body per tile, the raw-group fix compiled
       // in only for tiles that list raw groups (n_raw is the first byte of each side area)
-      const u32 nraw = (sl[SIDE_OFF] | sl[TB + SIDE_OFF]);
+      const u32 nraw = (sl[SIDE_OFF] | sl[SLOT_KIND + SIDE_OFF]);
       if (nraw == 0) compressed_tile<false>(st, sl, cs, tok0, lo, hi, lane, scale_log2);
       else compressed_tile<true>(st, sl, cs, tok0, lo, hi, lane, scale_log2);
-    } else if (ks.comp && vs.comp) {
+    } else if (k_comp && v_comp) {
       compressed_tile<true, true>(st, sl, cs, tok0, lo, hi, lane, scale_log2, vlo, vhi);
-    } else if (ks.comp) {
-      mixed_tile<true, false>(st, sl, cs, ks, vs, tok0, lo, hi, vlo, vhi, edge, lane, scale_log2);
-    } else if (vs.comp) {
-      mixed_tile<false, true>(st, sl, cs, ks, vs, tok0, lo, hi, vlo, vhi, edge, lane, scale_log2);
+    } else if (k_comp) {
+      mixed_tile<true, false>(st, sl, cs, tok0, lo, hi, vlo, vhi, edge, lane, scale_log2);
+    } else if (v_comp) {
+      mixed_tile<false, true>(st, sl, cs, tok0, lo, hi, vlo, vhi, edge, lane, scale_log2);
     } else {
-      mixed_tile<false, false>(st, sl, cs, ks, vs, tok0, lo, hi, vlo, vhi, edge, lane, scale_log2);
+      mixed_tile<false, false>(st, sl, cs, tok0, lo, hi, vlo, vhi, edge, lane, scale_log2);
     }
   }
+#if TABLE_WINDOW
+  }
+#endif
   __syncthreads();
   attend::finish(st, smem, attend::Output{part_o, part_lse, out, counters, static_cast<i64>(b) * hq_total + hq0, bh,
                                           split, splits});
