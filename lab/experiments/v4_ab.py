@@ -16,7 +16,8 @@ import harness  # noqa: E402
 from bench_attention_v4 import Case  # noqa: E402
 
 CASES = [("qwen3-8b", 1, 65536), ("qwen3-8b", 1, 131072), ("qwen3-8b", 4, 65536), ("qwen3-8b", 1, 16384),
-         ("qwen3-8b", 16, 32768), ("smollm2-135m", 1, 32768), ("smollm2-135m", 1, 65536)]
+         ("qwen3-8b", 16, 32768), ("smollm2-135m", 1, 32768), ("smollm2-135m", 1, 65536),
+         ("gemma3", 1, 65536)]
 
 
 def main():

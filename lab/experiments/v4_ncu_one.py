@@ -1,0 +1,34 @@
+"""One product v4 launch a few times, for Nsight Compute (lab only), with kernel defines forced:
+
+    ncu ... -k regex:gaac_v4_decode_split --launch-skip 2 --launch-count 1 \
+        python lab/experiments/v4_ncu_one.py qwen3-8b:1:65536 TABLE_WINDOW=1
+"""
+import sys
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "eval"))
+from bench_attention_v4 import Case  # noqa: E402
+
+from gaac_hf.kernels.cuda import fused_attention_v4 as F4  # noqa: E402
+
+shape, B, L = sys.argv[1].split(":")
+forced = dict((kv.split("=")[0], int(kv.split("=")[1])) for kv in sys.argv[2:])
+orig = F4.plan
+
+
+def plan(*a, **kw):
+    p = orig(*a, **kw)
+    p["defines"].update(forced)
+    return p
+
+
+F4.plan = plan
+case = Case(shape, int(B), int(L), torch.device("cuda"))
+f = case.gaac()
+for _ in range(4):
+    f()
+torch.cuda.synchronize()
+print("ran", shape, B, L, forced)
