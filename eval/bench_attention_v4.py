@@ -29,7 +29,9 @@ CTX, BATCH = harness.ATTENTION_CONTEXTS, harness.ATTENTION_BATCHES
 T = 64
 QUICK = [("qwen3-8b", 1, 65536), ("qwen3-8b", 1, 131072), ("qwen3-8b", 4, 65536), ("qwen3-8b", 1, 16384),
          ("qwen3-8b", 16, 32768), ("smollm2-135m", 1, 65536), ("smollm2-135m", 1, 16384), ("qwen3-8b", 4, 16384)]
-SWEEP_CASES = [("qwen3-8b", 1, 131072), ("qwen3-8b", 4, 65536), ("smollm2-135m", 1, 32768), ("smollm2-135m", 16, 32768)]
+SWEEP_CASES = [("qwen3-8b", 1, 65536), ("qwen3-8b", 1, 131072), ("qwen3-8b", 4, 65536), ("qwen3-8b", 1, 16384),
+               ("qwen3-8b", 16, 32768), ("smollm2-135m", 1, 32768), ("smollm2-135m", 1, 16384),
+               ("smollm2-135m", 16, 32768), ("gemma3", 1, 65536)]
 
 
 class Case:
@@ -90,8 +92,9 @@ class Case:
 
 _try = harness.time_and_error
 SWEEP = [dict(num_warps=w, num_stages=s, ctas_per_sm=c, waves=x) for (w, s, c, x) in
-         ((8, 2, 1, 1), (8, 2, 1, 2), (8, 2, 1, 3), (8, 2, 2, 1), (8, 2, 2, 2), (4, 2, 4, 1), (4, 2, 4, 2), (4, 2, 3, 1),
-          (8, 3, 1, 1), (4, 3, 2, 1))]
+         ((8, 2, 1, 1), (8, 3, 1, 1), (8, 4, 1, 1), (8, 4, 1, 2), (8, 6, 1, 1), (8, 2, 2, 1), (8, 3, 2, 1),
+          (4, 2, 3, 1), (4, 2, 4, 1), (4, 3, 2, 1), (4, 4, 2, 1), (4, 4, 2, 2), (4, 6, 2, 1), (2, 4, 4, 1),
+          (2, 6, 4, 1), (2, 8, 4, 1))]
 
 
 def sweep(case):
@@ -121,6 +124,7 @@ def main(argv=None):
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true", help="the key cases only")
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--sweep-only", action="store_true", help="the launch sweep without the grid")
     ap.add_argument("--budget-s", type=float, default=400)
     args = ap.parse_args(argv)
     from gaac_hf.kernels import LaunchConfig
@@ -132,14 +136,14 @@ def main(argv=None):
                   timer="cuda-graph replay, L2 flushed, median of 15", data="synthetic KV-like (calibration.synthetic)",
                   shapes={k: dict(q_heads=v[0], kv_heads=v[1], head_dim=v[2]) for k, v in SHAPES.items()},
                   same_shape=SAME_SHAPE, sweep={}, rows=[], cut=[])
-    if args.sweep:
+    if args.sweep or args.sweep_only:
         for shape, B, S in SWEEP_CASES:
             case = Case(shape, B, S, dev)
             result["sweep"][f"{shape}/B{B}/{S}"] = sweep(case)
             del case
             torch.cuda.empty_cache()
             harness.write_result(args.out, result)
-    cases = QUICK if args.quick else [(s, b, c) for s in SHAPES for b in BATCH for c in CTX]
+    cases = [] if args.sweep_only else QUICK if args.quick else [(s, b, c) for s in SHAPES for b in BATCH for c in CTX]
     for shape, B, S in cases:
         if time.time() - t_start > args.budget_s:
             result["cut"].append(dict(shape=shape, batch=B, context=S))
