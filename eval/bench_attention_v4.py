@@ -9,8 +9,8 @@ one runs) a shuffled paged BF16 cache at its own default launch, ``gaac`` the v4
 Times are GPU time from CUDA-graph replay with the L2 flushed before every call (``harness.timeit_graph``),
 medians. Each row records whether the fused output is bit-identical to the twin at the fused launch
 (``bit_identical``; the twin at that launch is timed too, ``cuda_bf16_same_launch``) and the bytes each reads.
-head_dim 256 (gemma3) is outside the v4 kernel (``fused_attention_v4.HEAD_DIMS``): those rows time the
-baselines and the v3 kernel (``gaac_v3``) and say so. ``--sweep`` times launch shapes on the key cases.
+A head_dim outside the v4 kernel (``fused_attention_v4.HEAD_DIMS``: 64, 128, 256) would time the baselines and
+the v3 kernel (``gaac_v3``) and say so. ``--sweep`` times launch shapes on the key cases.
 """
 from __future__ import annotations
 

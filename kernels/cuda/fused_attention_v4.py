@@ -26,7 +26,7 @@ from gaac_hf.format.v4 import KERNEL_HEAD_DIMS, GeometryV4
 
 from ..paged import LaunchConfig, PagedKV, PagedTensorV4
 from . import runtime
-from .attention import LOG2E, MAX_SMEM, MIN_TOKENS_PER_SPLIT, SM_SMEM, _counters, _sm_count, prepare_launch
+from .attention import LOG2E, MAX_SMEM, SM_SMEM, _counters, _sm_count, prepare_launch
 
 SOURCE = "decode_attention_v4.cu"
 HEAD_DIMS = KERNEL_HEAD_DIMS
@@ -74,7 +74,7 @@ def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, 
     """Compile-time defines, grid and shared memory for one call (host arithmetic only).
 
     Splits: enough CTAs to fill ``DEFAULT_WAVES`` waves of ``ctas_per_sm`` CTAs on every SM (at least
-    ``MIN_TOKENS_PER_SPLIT`` tokens each), or ``config.num_splits``."""
+    one pipeline step of ``16 * warps`` tokens each), or ``config.num_splits``."""
     if config.loader not in (None, "bulk"):
         raise ValueError(f"the v4 kernel stages tiles with the copy engine (bulk copies), got loader={config.loader!r}")
     warps = config.num_warps or (DEFAULT_WARPS if head_dim <= 128 else 4)
@@ -95,7 +95,9 @@ def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, 
     splits = config.num_splits
     if splits is None:
         streams = batch * kv_heads
-        cap = max(1, max_tokens // max(MIN_TOKENS_PER_SPLIT, tile))
+        # at least one pipeline step per split: the BF16 kernel's 256-token floor cost SmolLM2 B=1 4K 11.5 us
+        # against 8.6 us at 32 splits of 128 tokens (lab/results/v4_fixed_cost_callT4.json)
+        cap = max(1, max_tokens // tile)
         splits = max(1, min(cap, DEFAULT_WAVES * _sm_count(device) * per_sm // streams))
     tps = math.ceil(math.ceil(max_tokens / splits) / tile) * tile
     splits = max(1, math.ceil(max_tokens / tps))
