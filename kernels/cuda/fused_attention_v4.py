@@ -69,6 +69,17 @@ def smem_bytes(d: int, warps: int, stages: int) -> int:
     return 2 * (d // 16) * 32 * 8 + warps * stages * 2 * slot_bytes(d)
 
 
+def split_tokens(max_tokens: int, splits: int, tile: int, limit: int) -> int:
+    """Tokens per split (whole pipeline steps of ``tile`` tokens) for about ``splits`` splits, never more than
+    ``limit``: rounded down where that stays within the limit, else up. Rounding up alone halved the grid when
+    ``max_tokens`` (the live blocks plus one block of tail capacity) ran a little past whole steps (SmolLM2 B=1 4K:
+    4,160 tokens in 32 splits became 17 of 256)."""
+    down = max(tile, max_tokens // splits // tile * tile)
+    if math.ceil(max_tokens / down) <= limit:
+        return down
+    return math.ceil(math.ceil(max_tokens / splits) / tile) * tile
+
+
 def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, max_tokens: int,
          device, config: LaunchConfig) -> dict:
     """Compile-time defines, grid and shared memory for one call (host arithmetic only).
@@ -92,14 +103,15 @@ def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, 
     if (smem + 1024) * per_sm > SM_SMEM or 32 * warps * per_sm > 2048:
         raise ValueError(f"{per_sm} CTAs of {warps} warps x {stages} stages do not fit one SM ({smem} B of shared "
                          "memory each)")
-    splits = config.num_splits
+    splits, limit = config.num_splits, config.num_splits
     if splits is None:
         streams = batch * kv_heads
         # at least one pipeline step per split: the BF16 kernel's 256-token floor cost SmolLM2 B=1 4K 11.5 us
         # against 8.6 us at 32 splits of 128 tokens (lab/results/v4_fixed_cost_callT4.json)
         cap = max(1, max_tokens // tile)
-        splits = max(1, min(cap, DEFAULT_WAVES * _sm_count(device) * per_sm // streams))
-    tps = math.ceil(math.ceil(max_tokens / splits) / tile) * tile
+        limit = max(1, DEFAULT_WAVES * _sm_count(device) * per_sm // streams)
+        splits = min(cap, limit)
+    tps = split_tokens(max_tokens, splits, tile, limit)
     splits = max(1, math.ceil(max_tokens / tps))
     nt8 = 8 * math.ceil(group / 8)
     smem = max(smem, 4 * (2 * warps * nt8 + warps * nt8 * head_dim), 4 * group * splits)
