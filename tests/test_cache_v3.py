@@ -287,6 +287,25 @@ def test_cpu_default_is_v2_and_the_fused_v3_kernel_says_why_not():
     assert default_format(torch.device("cpu"), 64, 3) == 2
 
 
+def test_default_format_prefers_the_fused_v4_kernel_then_v3(monkeypatch):
+    """default_format follows why_unavailable per format: 4 where the v4 kernel serves the layer, else 3 where
+    the v3 kernel does, else 2 (the kernels' availability stubbed: no GPU here)."""
+    from gaac_hf.cache import fused_v3
+    from gaac_hf.cache.pool_v3 import default_format
+
+    serves = set()
+    monkeypatch.setattr(fused_v3, "why_unavailable",
+                        lambda dev, d=None, g=None, fv=3: None if fv in serves else f"no v{fv} kernel")
+    dev = torch.device("cpu")
+    assert default_format(dev, 128, 4) == 2
+    serves.add(3)
+    assert default_format(dev, 128, 4) == 3
+    serves.add(4)
+    assert default_format(dev, 128, 4) == 4
+    serves.discard(3)
+    assert default_format(dev, 128, 4) == 4
+
+
 def test_fused_v3_fallback_is_reported_once_per_reason():
     """A v3 layer on CUDA that the fused kernel cannot serve warns once (with the reason), not at
     every layer or step; another reason warns again."""

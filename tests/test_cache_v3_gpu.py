@@ -94,7 +94,7 @@ def _twin_attention(query, layer, kv_start, scaling):
     return out.unsqueeze(1)
 
 
-def test_default_on_hopper_is_v3_and_every_decode_step_runs_the_fused_kernel(model_table, monkeypatch):
+def test_v3_on_hopper_every_decode_step_runs_the_fused_kernel(model_table, monkeypatch):
     _needs_fused_v3()
     model, table = model_table
     calls = []
@@ -106,7 +106,7 @@ def test_default_on_hopper_is_v3_and_every_decode_step_runs_the_fused_kernel(mod
 
     monkeypatch.setattr(fv3, "fused_v3_attention", counting)
     inputs = {k: v.cuda() for k, v in _prompt(2, 90, seed=4).items()}
-    cache = GAACCache(model.config, calibration=table)
+    cache = GAACCache(model.config, calibration=table, format_version=3)
     with torch.no_grad(), attention(model, "gaac"):
         model.generate(**inputs, past_key_values=cache, max_new_tokens=4, do_sample=False, cache_implementation=None,
                        pad_token_id=0)
@@ -124,7 +124,7 @@ def test_fused_v3_generate_is_bit_identical_to_the_bf16_twin(model_table, monkey
     kw = dict(do_sample=False, max_new_tokens=24, return_dict_in_generate=True, output_logits=True,
               cache_implementation=None, pad_token_id=0)
     with torch.no_grad(), attention(model, "gaac"):
-        fused = model.generate(**inputs, past_key_values=GAACCache(model.config, calibration=table), **kw)
+        fused = model.generate(**inputs, past_key_values=GAACCache(model.config, calibration=table, format_version=3), **kw)
         calls = []
 
         def twin(*a, **k):
@@ -132,7 +132,7 @@ def test_fused_v3_generate_is_bit_identical_to_the_bf16_twin(model_table, monkey
             return _twin_attention(*a, **k)
 
         monkeypatch.setattr(fv3, "fused_v3_attention", twin)
-        ref = model.generate(**inputs, past_key_values=GAACCache(model.config, calibration=table), **kw)
+        ref = model.generate(**inputs, past_key_values=GAACCache(model.config, calibration=table, format_version=3), **kw)
     assert calls, "the twin path did not run"
     assert torch.equal(fused.sequences, ref.sequences)
     for a, b in zip(fused.logits, ref.logits):
@@ -143,7 +143,7 @@ def test_fused_v3_matches_sdpa_within_bf16_tolerance(model_table):
     _needs_fused_v3()
     model, table = model_table
     inputs = {k: v.cuda() for k, v in _prompt(3, 120, seed=7).items()}
-    cache = GAACCache(model.config, calibration=table)
+    cache = GAACCache(model.config, calibration=table, format_version=3)
     with torch.no_grad(), attention(model, "gaac"):
         model(**inputs, past_key_values=cache)
     layer, attn = cache.layers[7], model.model.layers[7].self_attn

@@ -119,9 +119,10 @@ class GAACCache(Cache):
             and short chunks attend tile by tile over the compressed blocks, ``docs/CACHE.md``), or
             4 (``gaac_hf/format/v4.py``: register tiles with fixed 4-bit lanes, the v3 pool's paging;
             ~1.30x instead of v3's ~1.42x on real K/V, and decode steps on Hopper run the register-tile
-            kernel, ``gaac_hf.kernels.cuda.fused_attention_v4``; head_dim 64/128/192/256, the kernel 64/128), or
-            None: chosen per layer at the first update (``gaac_hf.cache.pool_v3.default_format``: v3 where
-            the fused v3 kernel serves the layer, i.e. Hopper with the ``cuda`` extra; v2 elsewhere).
+            kernel, ``gaac_hf.kernels.cuda.fused_attention_v4``; head_dim 64/128/192/256, the kernel
+            64/128/256), or None: chosen per layer at the first update (``gaac_hf.cache.pool_v3.default_format``:
+            v4 where the fused v4 kernel serves the layer, i.e. Hopper with the ``cuda`` extra: decode steps
+            faster than cuDNN at ~1.30x; then v3 where the fused v3 kernel serves it; v2 elsewhere).
         kv_dtype: ``"bf16"`` (default: the K/V as the model makes them, lossless) or ``"fp8_e4m3"`` /
             ``"fp8_e5m2"``: an FP8 KV cache, ``calibration`` then an FP8 table
             (:class:`~gaac_hf.calibration.fp8.FP8Table`, ``gaac-calibrate --kv-dtype``). K/V are converted

@@ -116,7 +116,7 @@ class GAACLayer(_BlockedLayer):
         self.fused = fused  # allow the Triton decode kernel (CUDA, q_len == 1) in GAAC attention
         self.triton_codec = triton_codec  # Triton encoder/decoder for CUDA pools (same bytes/bits)
         self.checksums = checksums  # per-block checksums written at encode time (see verify())
-        # storage format: 2 or 3, or None = chosen at the first update (pool_v3.default_format)
+        # storage format: 2, 3 or 4, or None = chosen at the first update (pool_v3.default_format)
         self._format_request = format_version
         self.format_version = format_version or 2
         self._geometry_v2 = geometry

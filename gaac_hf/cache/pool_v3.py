@@ -46,12 +46,17 @@ CPU_SYNC_FREE = False
 
 
 def default_format(device: torch.device, head_dim: int | None = None, group: int | None = None) -> int:
-    """The storage format a cache built without ``format_version`` uses on ``device``: 3 where the fused
-    v3 decode kernel serves the layer (Hopper with the ``cuda`` extra, head_dim 64/128/256:
-    :func:`gaac_hf.cache.fused_v3.why_unavailable`), 2 elsewhere (the CPU's decode + SDPA path is
-    bit-identical to DynamicCache + sdpa; other GPUs run the v2 Triton kernels)."""
+    """The storage format a cache built without ``format_version`` uses on ``device``: 4 where the fused
+    v4 register-tile kernel serves the layer (Hopper with the ``cuda`` extra, head_dim 64/128/256, up to 16
+    query heads per kv head, 8 at 256: :func:`gaac_hf.cache.fused_v3.why_unavailable`): the format whose
+    decode steps beat cuDNN on the H200 (``eval/results/attention_h200.json``, ``e2e_h200.json``), at ~1.30x
+    instead of v3's ~1.42x. Else 3 where the fused v3 kernel serves it, 2 elsewhere (the CPU's decode + SDPA
+    path is bit-identical to DynamicCache + sdpa; other GPUs run the v2 Triton kernels). Pass
+    ``format_version=3`` to keep v3's ratio on Hopper."""
     from .fused_v3 import why_unavailable
 
+    if why_unavailable(device, head_dim, group, 4) is None:
+        return 4
     return 3 if why_unavailable(device, head_dim, group) is None else 2
 
 
