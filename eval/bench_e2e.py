@@ -22,6 +22,7 @@ recorded as ``oom_<kind>`` and the row goes on without it (GAAC may still fit wh
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import platform
 import statistics
@@ -189,12 +190,13 @@ def run_case(model, table, B, S, dev, args, progress=None):
     chunk = prefill_chunk(B, S, args.prefill_chunk)
     row["prefill_chunk"] = chunk
 
-    def prefill(cache):
+    def prefill(cache, upto=None):
+        end = S if upto is None else min(S, upto)
         _sync()
         t0 = time.perf_counter()
         with torch.no_grad():
-            for a in range(0, S, chunk):  # a long batch prefills in chunks (activations of B x chunk tokens)
-                b = min(S, a + chunk)
+            for a in range(0, end, chunk):  # a long batch prefills in chunks (activations of B x chunk tokens)
+                b = min(end, a + chunk)
                 pos = torch.arange(a, b, device=dev).expand(B, -1)
                 model(ids[:, a:b], past_key_values=cache, position_ids=pos, logits_to_keep=1)
         _sync()
@@ -316,9 +318,14 @@ def run_case(model, table, B, S, dev, args, progress=None):
     model.set_attn_implementation("gaac")
     try:
         with prefill_ctx():
+            # warm-up (kernels compiled, first chunk and a masked one): two chunks, not the whole context, so that
+            # a large batch's warm cache is not alive beside the timed one (B=16 32K format v4 ran out of memory,
+            # lab/cuda-decode-notebook.md session 19)
             warm = gaac_hf.GAACCache(model.config, calibration=table, fused=args.fused, format_version=args.format_version)
-            prefill(warm)
+            prefill(warm, upto=2 * chunk)
             del warm
+            gc.collect()
+            torch.cuda.empty_cache() if dev.type == "cuda" else None
             samples = []
             for _ in range(args.prefill_reps - 1):
                 samples.append(prefill(gaac_hf.GAACCache(model.config, calibration=table, fused=args.fused, format_version=args.format_version)))
