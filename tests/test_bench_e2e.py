@@ -66,3 +66,28 @@ def test_a_case_in_progress_is_written_as_a_partial_row(bench, tmp_path, monkeyp
     assert len(final) == 1 and "partial" not in final[0]
     assert final[0]["step_wall_us_static_cudnn"] == statics_only[-1]["step_wall_us_static_cudnn"]
     assert "speedup_wall_vs_static_cudnn" in final[0]
+
+
+def test_merge_e2e_keeps_each_rows_commit_and_replaces_an_out_of_memory_row(tmp_path):
+    """eval/merge_e2e.py: rows carry their run's commit and gpu_ms / wall_ms per cache kind; a later run's row
+    with a GAAC time replaces an earlier one without (a rerun after running out of memory), not the reverse."""
+    import json
+
+    spec = importlib.util.spec_from_file_location("merge_e2e", EVAL / "merge_e2e.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    def run(commit, rows):
+        p = tmp_path / f"{commit}.json"
+        p.write_text(json.dumps(dict(commit=commit, dirty=False, command=f"bench {commit}", rows=rows)))
+        return str(p)
+
+    ok = dict(batch=1, context=64, step_gpu_us_static_cudnn=2000.0, step_gpu_us_gaac=1500.0, step_wall_us_gaac=9000.0)
+    oom = dict(batch=16, context=32, step_gpu_us_static_cudnn=4000.0, oom_gaac="CUDA out of memory")
+    fixed = dict(batch=16, context=32, step_gpu_us_static_cudnn=4100.0, step_gpu_us_gaac=3000.0)
+    m = mod.merge(str(tmp_path / "out.json"), [run("aaa", [ok, oom]), run("bbb", [fixed]), run("ccc", [oom])])
+    rows = {(r["batch"], r["context"]): r for r in m["rows"]}
+    assert rows[(1, 64)]["commit"] == "aaa" and rows[(1, 64)]["gpu_ms"] == {"static_cudnn": 2.0, "gaac": 1.5}
+    assert rows[(1, 64)]["wall_ms"] == {"gaac": 9.0}
+    assert rows[(16, 32)]["commit"] == "bbb" and rows[(16, 32)]["gpu_ms"]["gaac"] == 3.0
+    assert [p["commit"] for p in m["parts"]] == ["aaa", "bbb", "ccc"] and m["commit"] == "ccc"
