@@ -98,9 +98,10 @@ def test_planner_rules(monkeypatch):
         F4.plan(1, 8, 4, 64, 128, 4096, None, LaunchConfig(loader="cp.async"))
 
 
-#: instructions per warp-tile (16 tokens of K and V, 4 query heads) measured at the commit call R4 timed
-#: (lab notebook: F4i 556 fast / ~750 raw at d = 128); a layout or code change that adds ALU work fails here
-SASS_BUDGET = {(128, False): 580, (128, True): 780, (64, False): 410, (64, True): 500}
+#: instructions per warp-tile (16 tokens of K and V, 4 query heads) in the loop body, at the commit session 19's
+#: calls T5 / T7 timed (the table window: d = 128 492 fast / 679 raw, d = 64 318 / 434; call R4's kernel had 556 /
+#: ~750 at d = 128) plus ~4%: a layout or code change that adds ALU work fails here
+SASS_BUDGET = {(128, False): 510, (128, True): 705, (64, False): 330, (64, True): 450}
 
 
 @pytest.mark.parametrize("d,raw", sorted(SASS_BUDGET))

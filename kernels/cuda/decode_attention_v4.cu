@@ -15,7 +15,7 @@
 //
 // Pool addressing (the v3 pool's): block-table entries are int64 byte offsets into one byte pool, | 1 for a
 // block stored as BF16 (row-major [PAGE, D]); the incomplete last block is the BF16 tail.
-// Defines: HEAD_DIM (64, 128), QUERY_GROUP (1..16), PAGE (tokens per block, a multiple of 16), WARPS, STAGES
+// Defines: HEAD_DIM (64, 128, 256), QUERY_GROUP (1..16), PAGE (tokens per block, a multiple of 16), WARPS, STAGES
 // (>= 2, copies in flight per warp + 1), MIN_CTAS_PER_SM (the register cap the planner sized the grid for), CONST_REGS.
 // Analysis builds only: GAAC_SASS_TILE_ONLY = 1 / 2 compiles the loop with the compressed tile body alone
 // (without / with raw groups) for static instruction counts (eval/sass_v4.py); its results are wrong.
@@ -43,11 +43,6 @@
 // after_k hook, before the softmax) was tried: ptxas already hoists them, the SASS was identical.
 #ifndef CONST_REGS
 #define CONST_REGS 0
-#endif
-// TABLE_WINDOW: look the tiles' block-table entries up 32 tiles at a time, one lane per tile (struct Window),
-// and issue a CTA's first copies before its constants are built; 0: one dependent table read per tile.
-#ifndef TABLE_WINDOW
-#define TABLE_WINDOW 1
 #endif
 
 namespace {
@@ -217,18 +212,9 @@ __device__ __forceinline__ Src tile_src(const unsigned char* pool, const u16* ta
   return {nullptr, tail + r0 * D};
 }
 
-__device__ __forceinline__ void issue(unsigned char* slot, Src ks, Src vs, unsigned long long* bar, int lane) {
-  if (lane == 0) {
-    const u32 kb = ks.comp ? TB : BF16_TILE, vb = vs.comp ? TB : BF16_TILE;
-    mbar_arrive_expect_tx(bar, kb + vb);
-    bulk_copy_g2s(slot, ks.comp ? static_cast<const void*>(ks.comp) : ks.bf16, kb, bar);
-    bulk_copy_g2s(slot + SLOT_KIND, vs.comp ? static_cast<const void*>(vs.comp) : vs.bf16, vb, bar);
-  }
-}
-
-// This warp's tile sources, a window of 32 tiles at a time (TABLE_WINDOW): lane j looks up tile base + j once
-// (one coalesced table read per 32 tiles instead of a dependent global load per tile on the loop's path, the
-// stall ncu counted as long scoreboard) and issues that tile's copies itself when its turn comes; ballots give
+// This warp's tile sources, a window of 32 tiles at a time: lane j looks up tile base + j once (one coalesced
+// table read per 32 tiles instead of a dependent global load per tile on the loop's path: 3-7% faster, call T1
+// of lab/cuda-decode-notebook.md session 19) and issues that tile's copies itself when its turn comes; ballots give
 // every lane each tile's kinds. Design followed: FlashInfer's paged decode prefetches page indices a step ahead;
 // here a lane per tile.
 struct Window {
@@ -349,7 +335,6 @@ gaac_v4_decode_split(const u16* __restrict__ q,                                 
   unsigned long long* wbar = bars + warp * S;
   unsigned char* wring = ring + warp * S * 2 * SLOT_KIND;
   const int wrow = warp * 16;
-#if TABLE_WINDOW
   // the warp's barriers first, then its first copies, then the CTA's constants: the copies' latency overlaps
   // the constants (each warp's barriers and slots are its own, so a __syncwarp orders them)
   if (lane == 0)
@@ -364,26 +349,12 @@ gaac_v4_decode_split(const u16* __restrict__ q,                                 
     if (s < n_tiles) win.issue(s, wring + s * 2 * SLOT_KIND, wbar + s, lane);
   build_consts(cst, k_b16 + h * D, v_b16 + h * D);
   __syncthreads();  // constants built
-#else
-  build_consts(cst, k_b16 + h * D, v_b16 + h * D);
-  if (lane == 0)
-    for (int s = 0; s < S; ++s) mbar_init(wbar + s, 1);
-  fence_proxy_async();
-  __syncthreads();  // constants built, barriers initialised
-#pragma unroll
-  for (int s = 0; s < S - 1; ++s) {
-    const int t = first + s * TILE + wrow;
-    if (s < n_tiles) issue(wring + s * 2 * SLOT_KIND, tile_src(k_pool, ktail, kt, nb, t), tile_src(v_pool, vtail, vt, nb, t),
-                           wbar + s, lane);
-  }
-#endif
   Consts cs;
   cs.init(cst, lane);
   attend::WarpState st;
   st.init();
   st.load_q(q + (static_cast<i64>(b) * hq_total + hq0) * D, lane);
 
-#if TABLE_WINDOW
   // outer loop: windows of issued tiles (tile it + S - 1 is issued in iteration it); the window's lookup sits
   // outside the per-tile loop, so that loop's body is the per-tile path alone
   int it = 0;
@@ -394,63 +365,45 @@ gaac_v4_decode_split(const u16* __restrict__ q,                                 
       win.fill(wb, k_pool, v_pool, ktail, vtail, kt, vt, nb, first, wrow, n_tiles, lane);
     }
     const int it_end = min(n_tiles, wb + 32 - (S - 1));
-  for (; it < it_end; ++it) {
-    const int slot = it % S;
-    mbar_wait(wbar + slot, (it / S) & 1);
-    const int nx = it + S - 1;
-    if (nx < n_tiles) {
-      __syncwarp();  // every lane's reads of the slot refilled now are done (they finished last iteration)
-      fence_proxy_async();
-      win.issue(nx - win.base, wring + (nx % S) * 2 * SLOT_KIND, wbar + nx % S, lane);
-    }
-    const int j = it - win.base;  // in (-32, 32): negative in the previous window
-    const u32 kc_bits = j >= 0 ? win.kc : prev_kc, vc_bits = j >= 0 ? win.vc : prev_vc;
-    const bool k_comp = (kc_bits >> (j & 31)) & 1u, v_comp = (vc_bits >> (j & 31)) & 1u;
-#else
-  for (int it = 0; it < n_tiles; ++it) {
-    const int slot = it % S;
-    mbar_wait(wbar + slot, (it / S) & 1);
-    const int nx = it + S - 1;
-    if (nx < n_tiles) {
-      __syncwarp();  // every lane's reads of the slot refilled now are done (they finished last iteration)
-      fence_proxy_async();
-      const int t = first + nx * TILE + wrow;
-      issue(wring + (nx % S) * 2 * SLOT_KIND, tile_src(k_pool, ktail, kt, nb, t), tile_src(v_pool, vtail, vt, nb, t),
-            wbar + nx % S, lane);
-    }
-    const int tok = first + it * TILE + wrow;
-    const Src ks = tile_src(k_pool, ktail, kt, nb, tok), vs = tile_src(v_pool, vtail, vt, nb, tok);
-    const bool k_comp = ks.comp != nullptr, v_comp = vs.comp != nullptr;
-#endif
-    const int tok0 = first + it * TILE + wrow;
-    const unsigned char* sl = wring + slot * 2 * SLOT_KIND;
-    const int vlo = lo - tok0, vhi = hi - tok0;
-    const bool edge = vlo > 0 || vhi < 16;
+    for (; it < it_end; ++it) {
+      const int slot = it % S;
+      mbar_wait(wbar + slot, (it / S) & 1);
+      const int nx = it + S - 1;
+      if (nx < n_tiles) {
+        __syncwarp();  // every lane's reads of the slot refilled now are done (they finished last iteration)
+        fence_proxy_async();
+        win.issue(nx - win.base, wring + (nx % S) * 2 * SLOT_KIND, wbar + nx % S, lane);
+      }
+      const int j = it - win.base;  // in (-32, 32): negative in the previous window
+      const u32 kc_bits = j >= 0 ? win.kc : prev_kc, vc_bits = j >= 0 ? win.vc : prev_vc;
+      const bool k_comp = (kc_bits >> (j & 31)) & 1u, v_comp = (vc_bits >> (j & 31)) & 1u;
+      const int tok0 = first + it * TILE + wrow;
+      const unsigned char* sl = wring + slot * 2 * SLOT_KIND;
+      const int vlo = lo - tok0, vhi = hi - tok0;
+      const bool edge = vlo > 0 || vhi < 16;
 #ifdef GAAC_SASS_TILE_ONLY
-    compressed_tile<GAAC_SASS_TILE_ONLY == 2>(st, sl, cs, tok0, lo, hi, lane, scale_log2);
-    if (true) {
-    } else if (false) {
+      compressed_tile<GAAC_SASS_TILE_ONLY == 2>(st, sl, cs, tok0, lo, hi, lane, scale_log2);
+      if (true) {
+      } else if (false) {
 #else
-    if (k_comp && v_comp && !edge) {
+      if (k_comp && v_comp && !edge) {
 #endif
-      // the common case: both tiles compressed, one straight-line body per tile, the raw-group fix compiled
-      // in only for tiles that list raw groups (n_raw is the first byte of each side area)
-      const u32 nraw = (sl[SIDE_OFF] | sl[SLOT_KIND + SIDE_OFF]);
-      if (nraw == 0) compressed_tile<false>(st, sl, cs, tok0, lo, hi, lane, scale_log2);
-      else compressed_tile<true>(st, sl, cs, tok0, lo, hi, lane, scale_log2);
-    } else if (k_comp && v_comp) {
-      compressed_tile<true, true>(st, sl, cs, tok0, lo, hi, lane, scale_log2, vlo, vhi);
-    } else if (k_comp) {
-      mixed_tile<true, false>(st, sl, cs, tok0, lo, hi, vlo, vhi, edge, lane, scale_log2);
-    } else if (v_comp) {
-      mixed_tile<false, true>(st, sl, cs, tok0, lo, hi, vlo, vhi, edge, lane, scale_log2);
-    } else {
-      mixed_tile<false, false>(st, sl, cs, tok0, lo, hi, vlo, vhi, edge, lane, scale_log2);
+        // the common case: both tiles compressed, one straight-line body per tile, the raw-group fix compiled
+        // in only for tiles that list raw groups (n_raw is the first byte of each side area)
+        const u32 nraw = (sl[SIDE_OFF] | sl[SLOT_KIND + SIDE_OFF]);
+        if (nraw == 0) compressed_tile<false>(st, sl, cs, tok0, lo, hi, lane, scale_log2);
+        else compressed_tile<true>(st, sl, cs, tok0, lo, hi, lane, scale_log2);
+      } else if (k_comp && v_comp) {
+        compressed_tile<true, true>(st, sl, cs, tok0, lo, hi, lane, scale_log2, vlo, vhi);
+      } else if (k_comp) {
+        mixed_tile<true, false>(st, sl, cs, tok0, lo, hi, vlo, vhi, edge, lane, scale_log2);
+      } else if (v_comp) {
+        mixed_tile<false, true>(st, sl, cs, tok0, lo, hi, vlo, vhi, edge, lane, scale_log2);
+      } else {
+        mixed_tile<false, false>(st, sl, cs, tok0, lo, hi, vlo, vhi, edge, lane, scale_log2);
+      }
     }
   }
-#if TABLE_WINDOW
-  }
-#endif
   __syncthreads();
   attend::finish(st, smem, attend::Output{part_o, part_lse, out, counters, static_cast<i64>(b) * hq_total + hq0, bh,
                                           split, splits});
