@@ -117,7 +117,7 @@ class GAACCache(Cache):
         format_version: how blocks are stored: 2 (``docs/FORMAT.md``), 3 (``docs/FORMAT_V3.md``: one
             byte pool of variable-length blocks, int64 block-table entries; on the CPU decode steps
             and short chunks attend tile by tile over the compressed blocks, ``docs/CACHE.md``), or
-            4 (``gaac_hf/format/v4.py``: register tiles with fixed 4-bit lanes, the v3 pool's paging;
+            4 (``docs/FORMAT_V4.md``: register tiles with fixed 4-bit lanes, the v3 pool's paging;
             ~1.30x instead of v3's ~1.42x on real K/V, and decode steps on Hopper run the register-tile
             kernel, ``gaac_hf.kernels.cuda.fused_attention_v4``; head_dim 64/128/192/256, the kernel
             64/128/256), or None: chosen per layer at the first update (``gaac_hf.cache.pool_v3.default_format``:
