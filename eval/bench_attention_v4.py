@@ -6,6 +6,9 @@ K/V are KV-like synthetic values (``gaac_hf.calibration.synthetic``), calibrated
 v4 reference codec into shuffled pools (``pack_paged_v4``). Every kernel reads the same values: FA2 / cuDNN
 (SDPA backends) the dense BF16 tensors, the BF16 twin (``cuda_bf16``, the kernel whose arithmetic the fused
 one runs) a shuffled paged BF16 cache at its own default launch, ``gaac`` the v4 pools at the planner's launch.
+Pools are shuffled (``gaac``: the table's indirection at its worst for DRAM locality); with ``--layouts ... in_order``
+(default) each row also times the same values with each head's blocks back to back (``gaac_in_order``: the layout a
+GAACCache prefill writes, ``lab/cuda-decode-notebook.md`` session 19), same process.
 Times are GPU time from CUDA-graph replay with the L2 flushed before every call (``harness.timeit_graph``),
 medians. Each row records whether the fused output is bit-identical to the twin at the fused launch
 (``bit_identical``; the twin at that launch is timed too, ``cuda_bf16_same_launch``) and the bytes each reads.
@@ -29,13 +32,18 @@ CTX, BATCH = harness.ATTENTION_CONTEXTS, harness.ATTENTION_BATCHES
 T = 64
 QUICK = [("qwen3-8b", 1, 65536), ("qwen3-8b", 1, 131072), ("qwen3-8b", 4, 65536), ("qwen3-8b", 1, 16384),
          ("qwen3-8b", 16, 32768), ("smollm2-135m", 1, 65536), ("smollm2-135m", 1, 16384), ("qwen3-8b", 4, 16384)]
+LAYOUTS = ("shuffled", "in_order")
 SWEEP_CASES = [("qwen3-8b", 1, 65536), ("qwen3-8b", 1, 131072), ("qwen3-8b", 4, 65536), ("qwen3-8b", 1, 16384),
                ("qwen3-8b", 16, 32768), ("smollm2-135m", 1, 32768), ("smollm2-135m", 1, 16384),
                ("smollm2-135m", 16, 32768), ("gemma3", 1, 65536)]
 
 
 class Case:
-    def __init__(self, shape, B, S, dev, seed=0):
+    def __init__(self, shape, B, S, dev, seed=0, layout="shuffled"):
+        """layout: "shuffled" (blocks in a random order: the table's indirection at its worst for DRAM locality) or
+        "in_order" (each head's blocks back to back, the layout a GAACCache prefill writes)."""
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
         from gaac_hf.calibration.synthetic import calibrate, synthetic_kv
         from gaac_hf.kernels.cuda.attention import pack_paged_bf16
         from gaac_hf.kernels.cuda.fused_attention_v4 import HEAD_DIMS, pack_paged_v4
@@ -49,8 +57,10 @@ class Case:
         lens = [S] * B
         self.v4 = d in HEAD_DIMS
         self.bases3 = torch.stack([torch.stack([k8, k16]), torch.stack([v8, v16])])
-        self.kv = pack_paged_v4(self.k, self.v, lens, T, torch.stack([k16, v16])) if self.v4 else None
-        self.pk, self.pv = pack_paged_bf16(self.k, lens, T), pack_paged_bf16(self.v, lens, T)
+        shuffle = layout == "shuffled"
+        self.kv = pack_paged_v4(self.k, self.v, lens, T, torch.stack([k16, v16]), shuffle=shuffle) if self.v4 else None
+        self.pk = pack_paged_bf16(self.k, lens, T, shuffle=shuffle)
+        self.pv = pack_paged_bf16(self.v, lens, T, shuffle=shuffle)
         self.out = torch.empty_like(self.q)
         self.kv_bytes = 2 * B * hkv * S * d * 2
         if self.v4:
@@ -125,6 +135,8 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="the key cases only")
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--sweep-only", action="store_true", help="the launch sweep without the grid")
+    ap.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=LAYOUTS,
+                    help="pool layouts timed per row: `gaac` is always the shuffled one; in_order adds gaac_in_order")
     ap.add_argument("--budget-s", type=float, default=400)
     args = ap.parse_args(argv)
     from gaac_hf.kernels import LaunchConfig
@@ -174,11 +186,28 @@ def main(argv=None):
             row["note"] = f"head_dim {case.d}: not in the v4 kernel's head_dims; gaac_v3 is the v3 fused kernel"
         for base in ("cudnn", "fa2", "cuda_bf16"):
             row[f"gaac_vs_{base}"] = us[base] / us["gaac"] if us[base] and us["gaac"] else None
+        if case.v4 and "in_order" in args.layouts:
+            # the same values with each head's blocks back to back (as a GAACCache prefill writes them), same process
+            del case
+            torch.cuda.empty_cache()
+            case = Case(shape, B, S, dev, layout="in_order")
+            us["gaac_in_order"], err["gaac_in_order"] = _try("gaac in order", lambda: case.gaac(LaunchConfig()), ref)
+            us["cuda_bf16_same_launch_in_order"], _ = _try("twin in order", lambda: case.cuda(case.twin_config()))
+            try:
+                row["bit_identical_in_order"] = case.bit_identical()
+            except Exception as e:  # recorded, not fatal
+                print(f"  bit check (in order) failed: {e}", flush=True)
+                row["bit_identical_in_order"] = None
+            row["tbps_bf16_equiv"]["gaac_in_order"] = case.kv_bytes / (us["gaac_in_order"] * 1e-6) / 1e12 if us["gaac_in_order"] else None
+            for base in ("cudnn", "fa2"):
+                row[f"gaac_in_order_vs_{base}"] = us[base] / us["gaac_in_order"] if us[base] and us["gaac_in_order"] else None
         result["rows"].append(row)
         f = lambda x: f"{x:8.1f}" if x else "   -    "  # noqa: E731
         print(f"{shape:13s} B={B:2d} {S:6d}: gaac {f(us['gaac'])} bf16 {f(us['cuda_bf16'])} fa2 {f(us['fa2'])} "
               f"cudnn {f(us['cudnn'])}  vs cudnn {row['gaac_vs_cudnn'] or 0:.3f} vs fa2 {row['gaac_vs_fa2'] or 0:.3f} "
-              f"same={same} ratio {row.get('ratio', 0):.3f}", flush=True)
+              f"same={same} ratio {row.get('ratio', 0):.3f}"
+              + (f" | in order {f(us.get('gaac_in_order'))} vs cudnn {row.get('gaac_in_order_vs_cudnn') or 0:.3f} "
+                 f"same={row.get('bit_identical_in_order')}" if "gaac_in_order" in us else ""), flush=True)
         del case
         torch.cuda.empty_cache()
         harness.write_result(args.out, result)
