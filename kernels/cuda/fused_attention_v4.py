@@ -50,7 +50,8 @@ def const_regs_fit(head_dim: int, warps: int, ctas_per_sm: int) -> bool:
     """Whether the base16 constants live in registers (``CONST_REGS``: 24 fewer instructions per warp-tile at
     d = 128; call S3: 1.8-2.8% faster at Qwen3 128K, B=4 64K, B=16 32K) without spills: ptxas sm_90a,
     tests/test_v4_cuda_build.py: 232-250 registers at d = 128 under the 255 cap of <= 8 warps x 1 CTA (4 bytes
-    of spills under a 128 cap). Not at d = 64: 2% slower there (call S3, SmolLM2 B=1 32K)."""
+    of spills under a 128 cap). Not at d = 64: 2% slower there (call S3, SmolLM2 B=1 32K). Call S3's file was lost
+    with session 18's try (lab notebook, session 19): `lab/experiments/v4_ab.py --define CONST_REGS` repeats it."""
     return head_dim >= 128 and 32 * warps * ctas_per_sm <= 256
 
 
