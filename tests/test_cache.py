@@ -58,6 +58,18 @@ def kv_table(model, ids: torch.Tensor, geometry: BlockGeometry, name: str = "smo
     return CalibrationTable(base8, base16, geometry, meta)
 
 
+def count_calls(monkeypatch, owner, name: str) -> list:
+    """Replace ``owner.name`` (undone by monkeypatch) by a wrapper that appends to the returned list on each call."""
+    calls, real = [], getattr(owner, name)
+
+    def counting(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(owner, name, counting)
+    return calls
+
+
 @contextlib.contextmanager
 def attention(model, name: str):
     """Temporarily switch the (session-shared) model's attention implementation."""

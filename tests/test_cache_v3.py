@@ -293,15 +293,19 @@ def test_default_format_prefers_the_fused_v4_kernel_then_v3(monkeypatch):
     from gaac_hf.cache import fused_v3
     from gaac_hf.cache.pool_v3 import default_format
 
+    from test_cache import count_calls
+
     serves = set()
     monkeypatch.setattr(fused_v3, "why_unavailable",
                         lambda dev, d=None, g=None, fv=3: None if fv in serves else f"no v{fv} kernel")
+    asked = count_calls(monkeypatch, fused_v3, "why_unavailable")
     dev = torch.device("cpu")
-    assert default_format(dev, 128, 4) == 2
+    assert default_format(dev, 128, 4) == 2 and len(asked) == 2
     serves.add(3)
     assert default_format(dev, 128, 4) == 3
     serves.add(4)
-    assert default_format(dev, 128, 4) == 4
+    del asked[:]
+    assert default_format(dev, 128, 4) == 4 and len(asked) == 1  # v4 serves: v3 is not asked
     serves.discard(3)
     assert default_format(dev, 128, 4) == 4
 

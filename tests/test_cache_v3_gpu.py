@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_cache import attention, same_bits
+from test_cache import attention, count_calls, same_bits
 from test_cache_gpu import _prompt, model_table  # noqa: F401 - the module fixture
 from transformers import DynamicCache
 
@@ -94,23 +94,21 @@ def _twin_attention(query, layer, kv_start, scaling):
     return out.unsqueeze(1)
 
 
-def test_v3_on_hopper_every_decode_step_runs_the_fused_kernel(model_table, monkeypatch):
+@pytest.mark.parametrize("requested,stored", [(3, 3), (None, 4)])
+def test_every_decode_step_runs_the_fused_kernel_of_the_stored_format(model_table, monkeypatch, requested, stored):
+    """format_version=3 stores v3; a cache built without it stores v4 on Hopper (pool_v3.default_format). Either way
+    every decode step of every layer runs the fused kernel of that format."""
     _needs_fused_v3()
+    if fv3.why_unavailable(torch.device("cuda"), 64, 3, stored) is not None:
+        pytest.skip(fv3.why_unavailable(torch.device("cuda"), 64, 3, stored))
     model, table = model_table
-    calls = []
-    real = fv3.fused_v3_attention
-
-    def counting(*a, **k):
-        calls.append(1)
-        return real(*a, **k)
-
-    monkeypatch.setattr(fv3, "fused_v3_attention", counting)
+    calls = count_calls(monkeypatch, fv3, "fused_v3_attention")
     inputs = {k: v.cuda() for k, v in _prompt(2, 90, seed=4).items()}
-    cache = GAACCache(model.config, calibration=table, format_version=3)
+    cache = GAACCache(model.config, calibration=table, format_version=requested)
     with torch.no_grad(), attention(model, "gaac"):
         model.generate(**inputs, past_key_values=cache, max_new_tokens=4, do_sample=False, cache_implementation=None,
                        pad_token_id=0)
-    assert all(layer.format_version == 3 and layer.fused_v3 for layer in cache.layers)
+    assert all(layer.format_version == stored and layer.fused_v3 for layer in cache.layers)
     assert len(calls) == 3 * len(cache.layers)  # every decode step, every layer (the prefill is not a decode step)
 
 

@@ -280,7 +280,7 @@ def _twin_attention_v4(query, layer, kv_start, scaling):
 
 def test_v4_cache_generate_is_bit_identical_to_the_bf16_twin(model_table, monkeypatch):
     _needs_hopper()
-    from test_cache import attention, same_bits
+    from test_cache import attention, count_calls, same_bits
     from test_cache_gpu import _prompt
 
     import gaac_hf.cache.fused_v3 as fv3
@@ -290,15 +290,8 @@ def test_v4_cache_generate_is_bit_identical_to_the_bf16_twin(model_table, monkey
     inputs = {k: v.cuda() for k, v in _prompt(3, 150, seed=6).items()}
     kw = dict(do_sample=False, max_new_tokens=24, return_dict_in_generate=True, output_logits=True,
               cache_implementation=None, pad_token_id=0)
-    calls = []
-    real = fv3.fused_v3_attention
-
-    def counting(*a, **k):
-        calls.append(1)
-        return real(*a, **k)
-
     with torch.no_grad(), attention(model, "gaac"):
-        monkeypatch.setattr(fv3, "fused_v3_attention", counting)
+        calls = count_calls(monkeypatch, fv3, "fused_v3_attention")
         cache = GAACCache(model.config, calibration=table, format_version=4)
         fused = model.generate(**inputs, past_key_values=cache, **kw)
         assert all(layer.format_version == 4 and layer.fused_v3 for layer in cache.layers)
@@ -309,34 +302,6 @@ def test_v4_cache_generate_is_bit_identical_to_the_bf16_twin(model_table, monkey
     for a, b in zip(fused.logits, ref.logits):
         assert same_bits(a, b)
     assert cache.stats()["format_version"] == 4 and cache.verify()["slot_rows"] > 0
-
-
-def test_default_cache_on_hopper_stores_v4_and_decodes_with_the_fused_v4_kernel(model_table, monkeypatch):
-    """A GAACCache built without format_version picks v4 on Hopper (pool_v3.default_format) and every decode step
-    of every layer runs the fused kernel."""
-    _needs_hopper()
-    from test_cache import attention
-    from test_cache_gpu import _prompt
-
-    import gaac_hf.cache.fused_v3 as fv3
-    from gaac_hf.cache import GAACCache
-
-    model, table = model_table
-    calls = []
-    real = fv3.fused_v3_attention
-
-    def counting(*a, **k):
-        calls.append(1)
-        return real(*a, **k)
-
-    monkeypatch.setattr(fv3, "fused_v3_attention", counting)
-    inputs = {k: v.cuda() for k, v in _prompt(2, 90, seed=4).items()}
-    cache = GAACCache(model.config, calibration=table)
-    with torch.no_grad(), attention(model, "gaac"):
-        model.generate(**inputs, past_key_values=cache, max_new_tokens=4, do_sample=False, cache_implementation=None,
-                       pad_token_id=0)
-    assert all(layer.format_version == 4 and layer.fused_v3 for layer in cache.layers)
-    assert len(calls) == 3 * len(cache.layers)
 
 
 def test_v4_cache_decode_steps_never_sync_the_host(model_table):

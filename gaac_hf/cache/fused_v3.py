@@ -23,11 +23,12 @@ import warnings
 
 import torch
 
+from ..format.v4 import KERNEL_HEAD_DIMS
 from .calls import plain_call
 
 #: head_dims the fused kernels are built for, per format (others decode + SDPA)
 HEAD_DIMS = (64, 128, 256)
-HEAD_DIMS_V4 = (64, 128, 256)
+HEAD_DIMS_V4 = KERNEL_HEAD_DIMS
 _REPORTED: set = set()
 
 

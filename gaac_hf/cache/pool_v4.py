@@ -19,7 +19,7 @@ import torch
 
 from ..codec.checksum import byte_sums
 from ..codec.v4 import decode_pool_v4, encode_blocks_v4, pack_blocks_v4, stored_lengths
-from ..format.v4 import ALIGN, ENTRY_RAW, HEAD_DIMS, GeometryV4
+from ..format.v4 import ALIGN, ENTRY_RAW, HEAD_DIMS, KERNEL_HEAD_DIMS, GeometryV4
 from ..kernels.paged import PagedTensorV4
 from .pool_v3 import CPU_SYNC_FREE, GUARD, _BlockPoolV3, _EncodedV3, _UsedBound
 
@@ -67,7 +67,7 @@ class _BlockPoolV4(_BlockPoolV3):
         self.base8, self.base16 = base8.to(self.device), base16.to(self.device).contiguous()
         self.native = False  # the CPU library is v3's
         self.cuda = None     # the v3 CUDA codec does not apply; decoding below
-        self._decoder = _cuda_decoder() if self.device.type == "cuda" and geometry.head_dim in (64, 128, 256) else None
+        self._decoder = _cuda_decoder() if self.device.type == "cuda" and geometry.head_dim in KERNEL_HEAD_DIMS else None
         self.pool = torch.zeros(GUARD, dtype=torch.uint8, device=self.device)
         # every store is placed without a host sync on CUDA (lengths follow from `fits`); on the CPU only
         # when asked (tests of graph-mode bookkeeping), where exact sizes are free anyway

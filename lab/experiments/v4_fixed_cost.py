@@ -7,27 +7,16 @@ intercept of time vs context is the call's fixed cost (launch, prologue, epilogu
 harness timer; the same for the BF16 twin at that launch, and cuDNN / FA2 at the planner-free SDPA. SmolLM2 B=1 at the
 planner's grid and at fewer splits. A zero_() of the output is the timer's floor (one tiny kernel).
 """
-import argparse
-import json
-import sys
-from pathlib import Path
-
 import torch
+import v4_lab  # noqa: F401 - the frame; puts eval/ on the path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "eval"))
 import harness  # noqa: E402
 from bench_attention_v4 import Case  # noqa: E402
 
 from gaac_hf.kernels import LaunchConfig  # noqa: E402
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
-    a = ap.parse_args()
-    dev = torch.device("cuda")
-    rows = []
+def measure(dev):
     for shape, B, splits_list, ctxs in (("qwen3-8b", 1, (16,), (2048, 4096, 8192, 16384, 32768, 65536)),
                                          ("smollm2-135m", 1, (None, 44, 22, 11), (4096, 16384, 32768))):
         for S in ctxs:
@@ -41,12 +30,11 @@ def main():
                 row["us"][f"twin_{tag}"], _ = harness.time_and_error(tag, lambda: case.cuda(case.twin_config(cfg)))
             row["us"]["cudnn"], _ = harness.time_and_error("cudnn", lambda: case.sdpa("cudnn"))
             row["us"]["fa2"], _ = harness.time_and_error("fa2", lambda: case.sdpa("fa2"))
-            rows.append(row)
+            yield row
             print(shape, B, S, {k: round(v, 2) for k, v in row["us"].items() if v}, flush=True)
             del case
             torch.cuda.empty_cache()
-    Path(a.out).write_text(json.dumps(dict(harness.provenance(argv=sys.argv), rows=rows), indent=1))
 
 
 if __name__ == "__main__":
-    main()
+    v4_lab.run(measure)

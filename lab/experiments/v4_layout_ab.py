@@ -3,32 +3,21 @@ pools, the fused kernel and its BF16 twin each on its own layout, cuDNN on the d
 
     python lab/experiments/v4_layout_ab.py --out $OUT/v4_layout_ab.json
 """
-import argparse
-import json
-import sys
-from pathlib import Path
-
 import torch
+import v4_lab  # noqa: F401 - the frame; puts eval/ on the path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "eval"))
 import harness  # noqa: E402
 
 CASES = [("qwen3-8b", 1, 65536), ("qwen3-8b", 1, 131072), ("qwen3-8b", 4, 65536), ("smollm2-135m", 1, 32768)]
 LAYOUTS = [(64, True), (64, False), (256, True), (256, False)]
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
-    a = ap.parse_args()
+def measure(dev):
     from gaac_hf.calibration.synthetic import calibrate, synthetic_kv
     from gaac_hf.kernels import LaunchConfig
     from gaac_hf.kernels.cuda.attention import bf16_decode_attention_tensors, pack_paged_bf16
     from gaac_hf.kernels.cuda.fused_attention_v4 import gaac_decode_attention_v4, pack_paged_v4, twin_config
 
-    dev = torch.device("cuda")
-    rows = []
     for shape, B, S in CASES:
         hq, hkv, d = harness.ATTENTION_SHAPES[shape]
         k = synthetic_kv((B, hkv, S, d), "k", 0, device=dev)
@@ -60,12 +49,11 @@ def main():
             torch.cuda.empty_cache()
 
         row["us"]["cudnn"], _ = harness.time_and_error("cudnn", lambda: harness.sdpa_decode("cudnn", q, k, v))
-        rows.append(row)
+        yield row
         print(shape, B, S, {kk: round(vv, 1) for kk, vv in row["us"].items() if vv}, row["same"], flush=True)
         del k, v
         torch.cuda.empty_cache()
-    Path(a.out).write_text(json.dumps(dict(harness.provenance(argv=sys.argv), rows=rows), indent=1))
 
 
 if __name__ == "__main__":
-    main()
+    v4_lab.run(measure)

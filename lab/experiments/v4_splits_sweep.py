@@ -4,15 +4,9 @@ planner's split count and at forced counts, cuDNN beside it, same process.
 
     python lab/experiments/v4_splits_sweep.py --out $OUT/v4_splits_sweep.json
 """
-import argparse
-import json
-import sys
-from pathlib import Path
-
 import torch
+import v4_lab  # noqa: F401 - the frame; puts eval/ on the path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "eval"))
 import harness  # noqa: E402
 from bench_attention_v4 import Case  # noqa: E402
 
@@ -22,15 +16,10 @@ CASES = [("gemma3", 1, c) for c in (4096, 16384, 32768, 65536)] + [("gemma3", 4,
 SPLITS = (4, 8, 12, 16, 24, 32, 48, 64, 96, 132)
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
-    a = ap.parse_args()
+def measure(dev):
     from gaac_hf.kernels import LaunchConfig
     from gaac_hf.kernels.cuda import fused_attention_v4 as F4
 
-    dev = torch.device("cuda")
-    rows = []
     for shape, B, S in CASES:
         case = Case(shape, B, S, dev)
         row = dict(shape=shape, batch=B, context=S, us={}, splits={})
@@ -43,15 +32,14 @@ def main():
             row["splits"][str(sp)] = case.twin_config(cfg).num_splits
             row["us"][str(sp)], _ = harness.time_and_error(str(sp), lambda: case.gaac(cfg))
         row["us"]["cudnn"], _ = harness.time_and_error("cudnn", lambda: case.sdpa("cudnn"))
-        rows.append(row)
+        yield row
         best = min((v, k) for k, v in row["us"].items() if v and k not in ("cudnn",))
         print(shape, B, S, "planner", row["planner_splits"], round(row["us"]["planner"] or 0, 1), "best", best[1],
               round(best[0], 1), "cudnn", round(row["us"]["cudnn"] or 0, 1),
               {k: round(v, 1) for k, v in row["us"].items() if v and k not in ("planner", "cudnn")}, flush=True)
         del case
         torch.cuda.empty_cache()
-    Path(a.out).write_text(json.dumps(dict(harness.provenance(argv=sys.argv), rows=rows), indent=1))
 
 
 if __name__ == "__main__":
-    main()
+    v4_lab.run(measure)
