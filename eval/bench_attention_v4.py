@@ -129,6 +129,17 @@ def sweep(case):
     return rows
 
 
+def parse_cases(specs):
+    """``["gemma3:1:16384", ...]`` -> ``[("gemma3", 1, 16384), ...]``, checked against the harness shapes."""
+    cases = []
+    for spec in specs:
+        parts = spec.split(":")
+        if len(parts) != 3 or parts[0] not in SHAPES or not (parts[1].isdigit() and parts[2].isdigit()):
+            raise SystemExit(f"--sweep-cases takes SHAPE:BATCH:CONTEXT with SHAPE in {sorted(SHAPES)}, got {spec!r}")
+        cases.append((parts[0], int(parts[1]), int(parts[2])))
+    return cases
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -137,6 +148,8 @@ def main(argv=None):
     ap.add_argument("--sweep-only", action="store_true", help="the launch sweep without the grid")
     ap.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=LAYOUTS,
                     help="pool layouts timed per row: `gaac` is always the shuffled one; in_order adds gaac_in_order")
+    ap.add_argument("--sweep-cases", nargs="+", metavar="SHAPE:B:S",
+                    help="sweep these cases instead of the default list, e.g. gemma3:1:16384")
     ap.add_argument("--budget-s", type=float, default=400)
     args = ap.parse_args(argv)
     from gaac_hf.kernels import LaunchConfig
@@ -149,7 +162,7 @@ def main(argv=None):
                   shapes={k: dict(q_heads=v[0], kv_heads=v[1], head_dim=v[2]) for k, v in SHAPES.items()},
                   same_shape=SAME_SHAPE, sweep={}, rows=[], cut=[])
     if args.sweep or args.sweep_only:
-        for shape, B, S in SWEEP_CASES:
+        for shape, B, S in parse_cases(args.sweep_cases) if args.sweep_cases else SWEEP_CASES:
             case = Case(shape, B, S, dev)
             result["sweep"][f"{shape}/B{B}/{S}"] = sweep(case)
             del case

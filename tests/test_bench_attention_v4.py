@@ -47,3 +47,10 @@ def test_layouts_hold_the_same_values_and_in_order_is_back_to_back(bench):
         assert not bool((shuffled[:, 1:] > shuffled[:, :-1]).all()), "shuffled pools are not in order"
     with pytest.raises(ValueError, match="layout"):
         bench.Case("smollm2-135m", 1, 64, cpu, layout="sorted")
+
+
+def test_sweep_cases_parse_and_refuse_what_the_harness_lacks(bench):
+    assert bench.parse_cases(["gemma3:1:16384", "qwen3-8b:4:65536"]) == [("gemma3", 1, 16384), ("qwen3-8b", 4, 65536)]
+    for bad in ("gemma3:1", "nope:1:16384", "gemma3:x:16384"):
+        with pytest.raises(SystemExit, match="SHAPE:BATCH:CONTEXT"):
+            bench.parse_cases([bad])
