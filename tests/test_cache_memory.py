@@ -18,6 +18,7 @@ from transformers import DynamicCache
 
 import gaac_hf
 from gaac_hf import GAACCache
+from gaac_hf.cache import reserve
 from gaac_hf.cache.layer import TABLE_PAGE
 from gaac_hf.cache.memory import TensorBytesMeter, dynamic_cache_bytes, walk_allocation
 from gaac_hf.cache.pool import CPU_HEAP_PAGE
@@ -32,11 +33,14 @@ def _synthetic_cache(checksums=False):
 
 def _bound(cache) -> int:
     """docs/CACHE.md "Memory", CPU: per GAAC layer and kind, one heap page (+ its sink byte), one table
-    page and T tail tokens; slot rows and raw rows are allocated exactly on the CPU."""
+    page and T tail tokens; slot rows and raw rows are allocated exactly on the CPU; each of the pool's
+    growing tensors (slots, escape offsets, heap, raw rows, and both checksum columns when kept) lies in
+    a reservation whose last page is counted whole."""
     out = 0
     for layer in cache.layers:
         b, h = layer.tails[0].shape[:2]
-        out += 2 * (CPU_HEAP_PAGE + 1 + TABLE_PAGE * b * h * 4 + b * h * T * D * 2)
+        grown = 4 + 2 * (layer.pools[0].sums is not None)
+        out += 2 * (CPU_HEAP_PAGE + 1 + TABLE_PAGE * b * h * 4 + b * h * T * D * 2 + grown * reserve.PAGE)
     return out
 
 

@@ -32,6 +32,7 @@ from ..codec.fp8 import decode_pool_fp8, dequantize_fp8, encode_blocks_fp8, quan
 from ..codec.v3 import pack_blocks
 from ..format.fp8 import GeometryFP8
 from ..format.v3 import MODE_3BIT, MODE_4BIT, MODE_RAW
+from . import reserve
 from .fp8_baseline import FP8DynamicLayer
 from ..kernels.paged import PagedTensorV3
 from .layer import _BlockedLayer
@@ -52,7 +53,7 @@ def _cuda_codec():
     return codec_fp8 if codec_fp8.why_unavailable() is None else None
 
 
-class _PoolFP8:
+class _PoolFP8(reserve.DeepcopyReserved):
     """FP8 tiles of one kind of one layer. ``base_n``, ``base_w``: uint8 ``[H, D]`` windows."""
 
     def __init__(self, geometry: GeometryFP8, base_n: torch.Tensor, base_w: torch.Tensor, device) -> None:
@@ -73,9 +74,13 @@ class _PoolFP8:
         data, entries = pack_blocks(enc, blocks, start=self.used)
         need = self.used + data.numel()
         if need + GUARD > self.pool.numel():
-            grown = torch.zeros(-(-(need + GUARD) // POOL_PAGE) * POOL_PAGE, dtype=torch.uint8, device=self.pool.device)
-            grown[: self.used] = self.pool[: self.used]
-            self.pool = grown
+            cap = -(-(need + GUARD) // POOL_PAGE) * POOL_PAGE
+            if reserve.enabled(self.pool.device):  # CPU: in place, the history not copied (gaac_hf.cache.reserve)
+                self.pool = reserve.grow_or_copy(self.pool, cap)
+            else:
+                grown = torch.zeros(cap, dtype=torch.uint8, device=self.pool.device)
+                grown[: self.used] = self.pool[: self.used]
+                self.pool = grown
         self.pool[self.used : need] = data
         self.used = need
         self.blocks += blocks.shape[0]
@@ -259,7 +264,7 @@ class GAACFP8Layer(_BlockedLayer):
         return {
             "resident": sum(p.used for p in self.pools) + entries + tails,
             "fp8": 2 * b * h * self.get_seq_length() * self.geometry.head_dim,
-            "allocated": sum(p.pool.numel() for p in self.pools) + entries + tails,
+            "allocated": sum(reserve.held_bytes(p.pool) for p in self.pools) + entries + tails,
             "modes": torch.stack([p.modes for p in self.pools]),
             "raw_blocks": sum(p.raw_blocks for p in self.pools),
             "blocks": sum(p.blocks for p in self.pools),

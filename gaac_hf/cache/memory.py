@@ -3,7 +3,9 @@
 :class:`TensorBytesMeter` watches every tensor an aten op returns inside it (a ``TorchDispatchMode``)
 and adds up the storages alive at each moment: a storage counts from the first op that returns it
 until the last tensor object seen on it is freed. Tensors created before the block (weights, inputs)
-are not counted, nor views of them; views of a counted storage keep it alive. It is how ``eval/memory_report.py`` and
+are not counted, nor views of them; views of a counted storage keep it alive. Reservations
+(:mod:`gaac_hf.cache.reserve`: CPU pools that grow in place) are not storages an op returns: their
+pages in use (:func:`~gaac_hf.cache.reserve.committed_bytes`, change since the block began) are added. It is how ``eval/memory_report.py`` and
 ``tests/test_cache_memory.py`` compare ``generate()`` with GAACCache and with DynamicCache on the CPU
 (on CUDA use ``torch.cuda.max_memory_allocated``).
 """
@@ -15,6 +17,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from . import reserve
+
 
 class TensorBytesMeter(TorchDispatchMode):
     """``with TensorBytesMeter() as m: ...``; then ``m.peak_bytes`` (and ``m.live_bytes``)."""
@@ -24,6 +28,10 @@ class TensorBytesMeter(TorchDispatchMode):
         self.live_bytes = 0
         self.peak_bytes = 0
         self._storages: dict[int, list] = {}  # storage key -> [nbytes, live tensor count]
+        self._reserved0 = reserve.committed_bytes()
+
+    def _peak(self) -> None:
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes + reserve.committed_bytes() - self._reserved0)
 
     def _track(self, t: torch.Tensor, aliased: bool) -> None:
         st = t.untyped_storage()
@@ -34,7 +42,6 @@ class TensorBytesMeter(TorchDispatchMode):
                 return
             entry = self._storages[key] = [st.nbytes(), 0]
             self.live_bytes += entry[0]
-            self.peak_bytes = max(self.peak_bytes, self.live_bytes)
         entry[1] += 1
         weakref.finalize(t, self._release, key, entry)
 
@@ -50,6 +57,7 @@ class TensorBytesMeter(TorchDispatchMode):
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes():
                 self._track(t, aliased)
+        self._peak()
         return out
 
 

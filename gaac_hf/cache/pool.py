@@ -15,6 +15,7 @@ from ..codec import append_escapes, decode_blocks, encode_blocks, escape_lengths
 from ..codec.checksum import block_sums, byte_sums, heap_rows, next_starts, raw_sums, structure_problems
 from ..format import BlockGeometry
 from ..kernels.paged import PagedTensor
+from . import reserve
 from .host import _HostSlab
 
 # The Triton kernels are optional: without Triton every pool uses the reference codec. Any error,
@@ -29,12 +30,15 @@ except Exception:  # noqa: BLE001
 def _grow(t: torch.Tensor, rows: int, dim: int = 0, page: int = 1) -> torch.Tensor:
     """Return ``t`` with at least ``rows`` entries along ``dim``, old contents kept. When it must grow,
     it gets ``rows`` rounded up to a multiple of ``page`` (fixed-size pages, never doubling: the
-    capacity exceeds what is asked for by less than one page)."""
+    capacity exceeds what is asked for by less than one page). On the CPU, growth along dim 0 extends a
+    reservation in place (:mod:`gaac_hf.cache.reserve`): the old rows are neither copied nor moved."""
     have = t.shape[dim]
     if rows <= have:
         return t
     shape = list(t.shape)
     shape[dim] = _round_up(rows, max(page, 1))
+    if dim == 0 and reserve.enabled(t.device):  # in place, no copy of the history (gaac_hf.cache.reserve)
+        return reserve.grow_or_copy(t, shape[0])
     out = torch.empty(shape, dtype=t.dtype, device=t.device)
     out.narrow(dim, 0, have).copy_(t)
     out.narrow(dim, have, shape[dim] - have).zero_()  # never read before written; zeroed all the same
@@ -89,7 +93,7 @@ def decode_tables(parts, geometry: BlockGeometry, num_blocks: int, out: torch.Te
     return _tdec.decode_tables_triton(parts, geometry, num_blocks, out, tails)
 
 
-class _BlockPool:
+class _BlockPool(reserve.DeepcopyReserved):
     """Encoded blocks of one kind (K or V) of one layer: slot pool + escape heap + raw pool.
 
     base8, base16: uint8 ``[H, D]`` windows of this layer and kind. On CUDA the Triton encoder and
@@ -333,8 +337,9 @@ class _BlockPool:
         return PagedTensor(slots, self.heap, esc_start, raw, table, tail, self.base8, self.base16)
 
     def allocated_bytes(self) -> int:
-        sums = 0 if self.sums is None else 8 * (self.sums.numel() + self.raw_sums.numel())
-        return self.slots.numel() + self.esc_start.numel() * 8 + self.heap.numel() + self.raw.numel() * 2 + sums
+        """Bytes this pool's tensors hold, capacity included (a reservation's view page-rounded)."""
+        held = (self.slots, self.esc_start, self.heap, self.raw) + (() if self.sums is None else (self.sums, self.raw_sums))
+        return sum(reserve.held_bytes(t) for t in held)
 
     # -- integrity ----------------------------------------------------------------------------------
     def structure(self, rows: torch.Tensor) -> list[str]:

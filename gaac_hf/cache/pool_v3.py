@@ -36,6 +36,7 @@ from ..codec.v3 import EncodedBlocksV3, decode_pool_v3, encode_blocks_v3, pack_b
 from ..format.v3 import ALIGN, ENTRY_RAW, GeometryV3
 from ..kernels.cpu import native
 from ..kernels.paged import PagedTensorV3
+from . import reserve
 
 GUARD = PagedTensorV3.GUARD_BYTES
 #: CPU pools grow in pages of at least this many bytes (and at least one decode step's worst case)
@@ -158,7 +159,7 @@ class _UsedBound:
         self.known, self.known_worst, self.pending = (used, raw, blocks), self.worst, None
 
 
-class _BlockPoolV3:
+class _BlockPoolV3(reserve.DeepcopyReserved):
     """Encoded blocks of one kind (K or V) of one layer in format v3 (see the module docstring).
 
     base8, base16: uint8 ``[H, D]`` windows of this layer and kind.
@@ -247,6 +248,9 @@ class _BlockPoolV3:
             return
         page = self.page_bytes()
         cap = bound + GUARD + -(-(need - bound - GUARD) // page) * page
+        if reserve.enabled(self.device):  # CPU: in place (gaac_hf.cache.reserve)
+            self.pool = reserve.grow_or_copy(self.pool, cap)
+            return
         pool = torch.empty(cap, dtype=torch.uint8, device=self.device)
         pool[:have] = self.pool
         pool[have:].zero_()
@@ -263,6 +267,10 @@ class _BlockPoolV3:
             return
         page = self.page_bytes()
         cap = used + GUARD + -(-(need - used - GUARD) // page) * page
+        if reserve.enabled(self.device):  # CPU: in place (gaac_hf.cache.reserve); the bytes past used are zero
+            self.pool[used:].zero_()
+            self.pool = reserve.grow_or_copy(self.pool, cap)
+            return
         pool = torch.empty(cap, dtype=torch.uint8, device=self.device)
         pool[:used] = self.pool[:used]
         pool[used + total :].zero_()
@@ -444,8 +452,9 @@ class _BlockPoolV3:
         return PagedTensorV3(self.pool, table, tail, self.b8p, self.dbp)
 
     def allocated_bytes(self) -> int:
+        """Bytes this pool's tensors hold, capacity included (a reservation's view page-rounded)."""
         sums = 0 if self.sums is None else 8 * (self.sums.numel() + self.sum_offs.numel())
-        return self.pool.numel() + sums
+        return reserve.held_bytes(self.pool) + sums
 
     def resident_bytes(self) -> int:
         sums = 0 if self.sums is None else 16 * self.n_blocks
