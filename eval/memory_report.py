@@ -18,7 +18,8 @@ GPU (``--gpu``; writes ``eval/results/memory_h200.json``)::
 A random-init Qwen3-8B-shaped model (``--gpu-layers`` of its 36 layers, bf16) and a table from its own
 K/V (``bench_e2e.calibrate_random``): ``torch.cuda.max_memory_allocated`` during ``generate()``
 (prefill of the context + 8 new tokens) with DynamicCache + sdpa and with GAACCache + gaac, minus
-the memory allocated before the call (weights), plus ``cache.stats()``.
+the memory allocated before the call (weights), plus ``cache.stats()``. With ``GAAC_RESERVE_CUDA=1`` the
+pools' mapped granules (outside PyTorch's allocator) are added to GAAC's peak.
 """
 from __future__ import annotations
 
@@ -124,6 +125,7 @@ def gpu_report(args) -> None:
     from transformers import DynamicCache
 
     import gaac_hf
+    from gaac_hf.cache import reserve
 
     dev = torch.device("cuda")
     cfg = bench_e2e.qwen3_8b_config()
@@ -149,12 +151,16 @@ def gpu_report(args) -> None:
             torch.cuda.empty_cache()
             base = torch.cuda.memory_allocated()
             torch.cuda.reset_peak_memory_stats()
+            vmm_before = reserve.committed_bytes("cuda")
             with torch.no_grad():
                 model.generate(ids, past_key_values=cache, max_new_tokens=args.new_tokens, do_sample=False,
                                cache_implementation=None)
             torch.cuda.synchronize()
+            # pools in CUDA reservations (GAAC_RESERVE_CUDA=1) are outside PyTorch's allocator: their mapped
+            # granules are added (they only grow during generate(), so this is their peak)
+            vmm = reserve.committed_bytes("cuda") - vmm_before
             row[name] = {"max_memory_allocated": torch.cuda.max_memory_allocated(), "before": base,
-                         "peak_over_before": torch.cuda.max_memory_allocated() - base}
+                         "reserved_mapped_bytes": vmm, "peak_over_before": torch.cuda.max_memory_allocated() - base + vmm}
             if name == "gaac":
                 st = cache.stats()
                 row[name]["stats"] = {k: st[k] for k in ("allocated_bytes", "resident_bytes", "bf16_bytes",

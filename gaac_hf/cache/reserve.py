@@ -28,8 +28,10 @@ Invariants this module keeps, and which its callers must too:
 
 Where reservations are used: CPU tensors on Linux (``GAAC_RESERVE=0`` turns them off, e.g. under
 ``vm.overcommit_memory=2``, where ``MAP_NORESERVE`` is ignored). A reservation that cannot be made falls
-back to an ordinary tensor, which grows by copying as before. On CUDA the pools still grow by a device
-copy in fixed pages (``docs/CACHE.md`` "Memory"): the CUDA counterpart (VMM map-on-grow) is not built.
+back to an ordinary tensor, which grows by copying as before. CUDA tensors only with
+``GAAC_RESERVE_CUDA=1`` (:mod:`gaac_hf.cache.reserve_cuda`: the driver's virtual memory management,
+granules of 2 MiB mapped as rows are added and cleared on the current stream; **not yet run on a GPU**);
+by default CUDA pools grow by a device copy in fixed pages (``docs/CACHE.md`` "Memory").
 """
 from __future__ import annotations
 
@@ -39,26 +41,45 @@ import mmap
 import os
 import sys
 import weakref
+from dataclasses import dataclass
 
 import torch
 
 #: Linux's MAP_NORESERVE (the mmap module does not export it): no swap is accounted for the span
 _MAP_NORESERVE = 0x4000
 PAGE = mmap.PAGESIZE
-#: bytes of address space one reservation takes: a CPU buffer never outgrows the machine's memory
-#: (one that does moves once into a reservation twice as large)
+#: bytes of address space one CPU reservation takes at most (it also never exceeds the machine's
+#: memory: a buffer that outgrows it moves once into a reservation twice as large)
 SPAN_BYTES = 1 << 40
-#: tensors smaller than this stay ordinary (grown by copying): a reservation's rounding to the page
-#: is then at most 1/16 of what it holds
+#: CPU tensors smaller than this stay ordinary (grown by copying): a reservation's rounding to the page
+#: is then at most 1/16 of what it holds. CUDA: 8 granules (2 MiB each on Hopper), at most 1/8.
 MIN_BYTES = 16 * PAGE
+MIN_GRANULES_CUDA = 8
 #: address space all live reservations may take together (x86-64 user space is 128 TiB)
 BUDGET_BYTES = 1 << 45
 
-# storage address -> [span bytes, largest extent handed out (bytes)]; an entry leaves with its mmap
-_LIVE: dict[int, list[int]] = {}
+
+@dataclass
+class _Span:
+    """One live reservation: its size, the largest extent handed out, its page (OS page or CUDA granule)
+    and, on CUDA, the :class:`~gaac_hf.cache.reserve_cuda.CudaSpan` that maps it."""
+
+    nbytes: int
+    high: int
+    page: int
+    cuda: object = None
+
+    def held(self, end: int) -> int:
+        if self.cuda is not None:
+            return self.cuda.mapped
+        return -(-end // self.page) * self.page
 
 
-def _span_bytes() -> int:
+# storage address -> its span; an entry leaves when the memory behind it is released
+_LIVE: dict[int, _Span] = {}
+
+
+def _cpu_span_bytes() -> int:
     try:
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
@@ -66,29 +87,60 @@ def _span_bytes() -> int:
     return min(SPAN_BYTES, -(-ram // PAGE) * PAGE)
 
 
-def enabled(device: torch.device) -> bool:
-    """Whether tensors on ``device`` are made in reservations (CPU, Linux, ``GAAC_RESERVE`` not 0)."""
-    return (torch.device(device).type == "cpu" and sys.platform.startswith("linux")
-            and os.environ.get("GAAC_RESERVE", "1") != "0")
+def _cuda_ok(device: torch.device) -> bool:
+    if os.environ.get("GAAC_RESERVE_CUDA", "0") != "1":
+        return False
+    from . import reserve_cuda
+
+    return reserve_cuda.granularity(device.index if device.index is not None else torch.cuda.current_device()) > 0
 
 
-def _reserve(nbytes: int) -> torch.Tensor | None:
-    """uint8 ``[nbytes]`` over fresh anonymous memory, or None when the address space is not given."""
-    if sum(span for span, _ in _LIVE.values()) + nbytes > BUDGET_BYTES:
+def enabled(device) -> bool:
+    """Whether tensors on ``device`` are made in reservations: CPU on Linux unless ``GAAC_RESERVE=0``;
+    CUDA only with ``GAAC_RESERVE_CUDA=1`` where the driver's VMM calls load."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        return sys.platform.startswith("linux") and os.environ.get("GAAC_RESERVE", "1") != "0"
+    return device.type == "cuda" and _cuda_ok(device)
+
+
+def min_bytes(device) -> int:
+    """Size from which :func:`grow_or_copy` moves a tensor on ``device`` into a reservation."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        from . import reserve_cuda
+
+        return MIN_GRANULES_CUDA * reserve_cuda.granularity(device.index if device.index is not None else torch.cuda.current_device())
+    return MIN_BYTES
+
+
+def _reserve(nbytes: int, device: torch.device) -> torch.Tensor | None:
+    """uint8 ``[nbytes]`` over fresh address space on ``device``, or None when it is not given."""
+    if sum(s.nbytes for s in _LIVE.values()) + nbytes > BUDGET_BYTES:
         return None
+    if device.type == "cuda":
+        from . import reserve_cuda
+
+        try:
+            span = reserve_cuda.CudaSpan(nbytes, device)
+        except RuntimeError:
+            return None
+        base = torch.as_tensor(span, device=device)  # keeps the span alive while any view lives
+        _LIVE[base.data_ptr()] = _Span(span.nbytes, 0, span.gran, span)
+        weakref.finalize(span, _LIVE.pop, base.data_ptr(), None)
+        return base
     try:
         mm = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE)
     except (OSError, ValueError, OverflowError):
         return None
     base = torch.frombuffer(mm, dtype=torch.uint8)  # keeps the mmap alive while any view lives
-    key = base.data_ptr()
-    _LIVE[key] = [nbytes, 0]
-    weakref.finalize(mm, _LIVE.pop, key, None)
+    _LIVE[base.data_ptr()] = _Span(nbytes, 0, PAGE)
+    weakref.finalize(mm, _LIVE.pop, base.data_ptr(), None)
     return base
 
 
-def _entry(t: torch.Tensor) -> list[int] | None:
-    if t.device.type != "cpu" or t.storage_offset() != 0 or not t.is_contiguous():
+def _entry(t: torch.Tensor) -> _Span | None:
+    if t.storage_offset() != 0 or not t.is_contiguous():
         return None
     return _LIVE.get(t.untyped_storage().data_ptr())
 
@@ -99,7 +151,7 @@ def is_reserved(t: torch.Tensor) -> bool:
 
 
 def _view(base_storage: torch.UntypedStorage, shape: list[int], dtype: torch.dtype) -> torch.Tensor:
-    out = torch.empty(0, dtype=dtype)
+    out = torch.empty(0, dtype=dtype, device=base_storage.device)
     stride = torch.empty(shape, dtype=dtype, device="meta").stride()
     return out.set_(base_storage, 0, shape, stride)
 
@@ -108,17 +160,35 @@ def _row_bytes(shape, dtype: torch.dtype) -> int:
     return math.prod(shape[1:]) * torch.empty(0, dtype=dtype).element_size()
 
 
+def _hand_out(t: torch.Tensor, span: _Span, have: int, end: int) -> None:
+    """Make bytes ``[have, end)`` of ``t``'s span usable and zero: map them (CUDA), clear what was
+    handed out before (CPU: virgin pages read as zero) or everything new (CUDA memory is not cleared)."""
+    if span.cuda is not None:
+        span.cuda.ensure(end)
+        clear_to = end
+    else:
+        clear_to = min(end, span.high)
+    if clear_to > have:
+        t.view(-1).view(torch.uint8)[have:clear_to].zero_()
+    span.high = max(span.high, end)
+
+
 def empty(shape, dtype: torch.dtype, device) -> torch.Tensor:
     """A zero tensor of ``shape`` that :func:`grow` can extend along dim 0 without copying, where
     reservations are enabled (:func:`enabled`); else ``torch.zeros``."""
-    shape = list(shape)
+    shape, device = list(shape), torch.device(device)
     if enabled(device):
         nbytes = shape[0] * _row_bytes(shape, dtype)
-        span = _span_bytes()
-        base = _reserve(span if nbytes <= span else -(-2 * nbytes // PAGE) * PAGE)
+        if device.type == "cuda":
+            total = torch.cuda.get_device_properties(device).total_memory
+            span = max(total, 2 * nbytes)
+        else:
+            span = _cpu_span_bytes()
+            span = span if nbytes <= span else -(-2 * nbytes // PAGE) * PAGE
+        base = _reserve(span, device)
         if base is not None:
             t = _view(base.untyped_storage(), shape, dtype)
-            _LIVE[base.data_ptr()][1] = nbytes
+            _hand_out(t, _LIVE[base.data_ptr()], 0, nbytes)
             return t
     return torch.zeros(shape, dtype=dtype, device=device)
 
@@ -126,28 +196,25 @@ def empty(shape, dtype: torch.dtype, device) -> torch.Tensor:
 def grow(t: torch.Tensor, rows: int) -> torch.Tensor | None:
     """``t`` with ``rows`` rows along dim 0 (``rows`` >= its rows), same storage and addresses, the new
     rows zero; None when ``t`` is not a reservation's view or its span is too small."""
-    entry = _entry(t)
-    if entry is None:
+    span = _entry(t)
+    if span is None:
         return None
     end = rows * _row_bytes(t.shape, t.dtype)
-    if end > entry[0]:
+    if end > span.nbytes:
         return None
-    have = t.numel() * t.element_size()
     out = _view(t.untyped_storage(), [rows, *t.shape[1:]], t.dtype)
-    if entry[1] > have:  # bytes handed out before and given back: clear them (virgin pages read as zero)
-        out.view(-1).view(torch.uint8)[have : min(end, entry[1])].zero_()
-    entry[1] = max(entry[1], end)
+    _hand_out(out, span, t.numel() * t.element_size(), end)
     return out
 
 
 def grow_or_copy(t: torch.Tensor, rows: int) -> torch.Tensor:
     """``t`` with ``rows`` rows along dim 0 (``rows`` >= its rows), old rows kept and new ones zero: in
     place where ``t`` is a reservation's view with room (:func:`grow`), else copied into a new tensor
-    (a reservation where enabled and ``t`` reaches :data:`MIN_BYTES`, so that later growth is in place)."""
+    (a reservation where enabled and ``t`` reaches :func:`min_bytes`, so that later growth is in place)."""
     out = grow(t, rows)
     if out is None:
         shape = [rows, *t.shape[1:]]
-        if rows * _row_bytes(shape, t.dtype) < MIN_BYTES:
+        if rows * _row_bytes(shape, t.dtype) < min_bytes(t.device):
             out = torch.zeros(shape, dtype=t.dtype, device=t.device)
         else:
             out = empty(shape, t.dtype, t.device)
@@ -156,10 +223,11 @@ def grow_or_copy(t: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 def held_bytes(t: torch.Tensor) -> int:
-    """Bytes of memory ``t``'s elements can occupy: their size, rounded up to the page for a reservation
-    (pages past the view were never touched and hold nothing)."""
+    """Bytes of memory ``t``'s elements can occupy: their size, or for a reservation the pages (CPU,
+    rounded up) or granules (CUDA, mapped) behind it."""
+    span = _entry(t)
     n = t.numel() * t.element_size()
-    return -(-n // PAGE) * PAGE if is_reserved(t) else n
+    return n if span is None else span.held(n)
 
 
 def clone(t: torch.Tensor) -> torch.Tensor:
@@ -171,10 +239,12 @@ def clone(t: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def committed_bytes() -> int:
-    """Bytes every live reservation may hold in this process (largest extents, page-rounded): what a
-    tensor-bytes meter adds, since reservations are not tensors an aten op returns."""
-    return sum(-(-high // PAGE) * PAGE for _, high in _LIVE.values())
+def committed_bytes(device_type: str = "cpu") -> int:
+    """Bytes every live reservation on ``device_type`` may hold in this process (CPU: largest extents,
+    page-rounded; CUDA: mapped granules): what a tensor-bytes meter or a CUDA peak adds, since
+    reservations are not memory an aten op or PyTorch's allocator returns."""
+    spans = [s for s in _LIVE.values() if (s.cuda is not None) == (device_type == "cuda")]
+    return sum(s.held(s.high) for s in spans)
 
 
 class DeepcopyReserved:
