@@ -135,7 +135,7 @@ def parse_cases(specs):
     for spec in specs:
         parts = spec.split(":")
         if len(parts) != 3 or parts[0] not in SHAPES or not (parts[1].isdigit() and parts[2].isdigit()):
-            raise SystemExit(f"--sweep-cases takes SHAPE:BATCH:CONTEXT with SHAPE in {sorted(SHAPES)}, got {spec!r}")
+            raise SystemExit(f"--sweep-cases / --grid-cases take SHAPE:BATCH:CONTEXT with SHAPE in {sorted(SHAPES)}, got {spec!r}")
         cases.append((parts[0], int(parts[1]), int(parts[2])))
     return cases
 
@@ -150,6 +150,7 @@ def main(argv=None):
                     help="pool layouts timed per row: `gaac` is always the shuffled one; in_order adds gaac_in_order")
     ap.add_argument("--sweep-cases", nargs="+", metavar="SHAPE:B:S",
                     help="sweep these cases instead of the default list, e.g. gemma3:1:16384")
+    ap.add_argument("--grid-cases", nargs="+", metavar="SHAPE:B:S", help="time these grid rows only")
     ap.add_argument("--budget-s", type=float, default=400)
     args = ap.parse_args(argv)
     from gaac_hf.kernels import LaunchConfig
@@ -168,7 +169,8 @@ def main(argv=None):
             del case
             torch.cuda.empty_cache()
             harness.write_result(args.out, result)
-    cases = [] if args.sweep_only else QUICK if args.quick else [(s, b, c) for s in SHAPES for b in BATCH for c in CTX]
+    cases = ([] if args.sweep_only else parse_cases(args.grid_cases) if args.grid_cases else QUICK if args.quick
+             else [(s, b, c) for s in SHAPES for b in BATCH for c in CTX])
     for shape, B, S in cases:
         if time.time() - t_start > args.budget_s:
             result["cut"].append(dict(shape=shape, batch=B, context=S))
@@ -206,6 +208,8 @@ def main(argv=None):
             case = Case(shape, B, S, dev, layout="in_order")
             us["gaac_in_order"], err["gaac_in_order"] = _try("gaac in order", lambda: case.gaac(LaunchConfig()), ref)
             us["cuda_bf16_same_launch_in_order"], _ = _try("twin in order", lambda: case.cuda(case.twin_config()))
+            # the BF16 skeleton (issue 13) at its own launch over in-order pages: FA2 / cuDNN read contiguous K/V
+            us["cuda_bf16_in_order"], err["cuda_bf16_in_order"] = _try("bf16 in order", lambda: case.cuda(LaunchConfig()), ref)
             try:
                 row["bit_identical_in_order"] = case.bit_identical()
             except Exception as e:  # recorded, not fatal
@@ -214,13 +218,16 @@ def main(argv=None):
             row["tbps_bf16_equiv"]["gaac_in_order"] = case.kv_bytes / (us["gaac_in_order"] * 1e-6) / 1e12 if us["gaac_in_order"] else None
             for base in ("cudnn", "fa2"):
                 row[f"gaac_in_order_vs_{base}"] = us[base] / us["gaac_in_order"] if us[base] and us["gaac_in_order"] else None
+                row[f"cuda_bf16_in_order_vs_{base}"] = (us[base] / us["cuda_bf16_in_order"]
+                                                        if us[base] and us["cuda_bf16_in_order"] else None)
         result["rows"].append(row)
         f = lambda x: f"{x:8.1f}" if x else "   -    "  # noqa: E731
         print(f"{shape:13s} B={B:2d} {S:6d}: gaac {f(us['gaac'])} bf16 {f(us['cuda_bf16'])} fa2 {f(us['fa2'])} "
               f"cudnn {f(us['cudnn'])}  vs cudnn {row['gaac_vs_cudnn'] or 0:.3f} vs fa2 {row['gaac_vs_fa2'] or 0:.3f} "
               f"same={same} ratio {row.get('ratio', 0):.3f}"
               + (f" | in order {f(us.get('gaac_in_order'))} vs cudnn {row.get('gaac_in_order_vs_cudnn') or 0:.3f} "
-                 f"same={row.get('bit_identical_in_order')}" if "gaac_in_order" in us else ""), flush=True)
+                 f"same={row.get('bit_identical_in_order')} bf16 {f(us.get('cuda_bf16_in_order'))}"
+                 if "gaac_in_order" in us else ""), flush=True)
         del case
         torch.cuda.empty_cache()
         harness.write_result(args.out, result)

@@ -52,5 +52,5 @@ def test_layouts_hold_the_same_values_and_in_order_is_back_to_back(bench):
 def test_sweep_cases_parse_and_refuse_what_the_harness_lacks(bench):
     assert bench.parse_cases(["gemma3:1:16384", "qwen3-8b:4:65536"]) == [("gemma3", 1, 16384), ("qwen3-8b", 4, 65536)]
     for bad in ("gemma3:1", "nope:1:16384", "gemma3:x:16384"):
-        with pytest.raises(SystemExit, match="SHAPE:BATCH:CONTEXT"):
+        with pytest.raises(SystemExit, match="take SHAPE:BATCH:CONTEXT"):
             bench.parse_cases([bad])
