@@ -36,6 +36,7 @@ by default CUDA pools grow by a device copy in fixed pages (``docs/CACHE.md`` "M
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import mmap
 import os
@@ -95,12 +96,24 @@ def _cuda_ok(device: torch.device) -> bool:
     return reserve_cuda.granularity(device.index if device.index is not None else torch.cuda.current_device()) > 0
 
 
+@functools.lru_cache(maxsize=1)
+def _cpu_spans_given() -> bool:
+    """Whether this process may map a span (an address-space limit or strict overcommit refuses it)."""
+    try:
+        mmap.mmap(-1, _cpu_span_bytes(), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE).close()
+    except (OSError, ValueError, OverflowError):
+        return False
+    return True
+
+
 def enabled(device) -> bool:
-    """Whether tensors on ``device`` are made in reservations: CPU on Linux unless ``GAAC_RESERVE=0``;
-    CUDA only with ``GAAC_RESERVE_CUDA=1`` where the driver's VMM calls load."""
+    """Whether tensors on ``device`` are made in reservations: CPU on Linux unless ``GAAC_RESERVE=0`` (and
+    where the system gives such spans at all); CUDA only with ``GAAC_RESERVE_CUDA=1`` where the driver's
+    VMM calls load."""
     device = torch.device(device)
     if device.type == "cpu":
-        return sys.platform.startswith("linux") and os.environ.get("GAAC_RESERVE", "1") != "0"
+        return (sys.platform.startswith("linux") and os.environ.get("GAAC_RESERVE", "1") != "0"
+                and _cpu_spans_given())
     return device.type == "cuda" and _cuda_ok(device)
 
 
