@@ -24,7 +24,9 @@ Invariants this module keeps, and which its callers must too:
 - ``held_bytes`` of a reserved view is its bytes rounded up to the OS page: the pages it can have
   touched. That is what :meth:`GAACCache.stats` counts as allocated.
 - ``copy.deepcopy`` of a reserved view would copy the whole reservation (the storage is its full
-  size): pools copy their reserved tensors with :func:`clone` instead (:class:`DeepcopyReserved`).
+  size): pools copy their reserved tensors with :func:`clone` instead (:class:`DeepcopyReserved`). On
+  CUDA any op that reads a reserved tensor's whole *storage* (``untyped_storage()``) touches unmapped
+  addresses, an illegal-address error: only the views are for use.
 
 Where reservations are used: CPU tensors on Linux (``GAAC_RESERVE=0`` turns them off, e.g. under
 ``vm.overcommit_memory=2``, where ``MAP_NORESERVE`` is ignored). A reservation that cannot be made falls
@@ -56,8 +58,12 @@ SPAN_BYTES = 1 << 40
 #: is then at most 1/16 of what it holds. CUDA: 8 granules (2 MiB each on Hopper), at most 1/8.
 MIN_BYTES = 16 * PAGE
 MIN_GRANULES_CUDA = 8
-#: address space all live reservations may take together (x86-64 user space is 128 TiB)
+#: address space the live reservations of one device type may take together (x86-64 user space is 128 TiB;
+#: Hopper's GPU virtual address space 128 TiB or more)
 BUDGET_BYTES = 1 << 45
+#: a CUDA span covers this fraction of the device's memory (a pool of one layer and kind never needs more
+#: for a model of 8+ layers; one that does moves once into a span twice its size)
+CUDA_SPAN_FRACTION = 8
 
 
 @dataclass
@@ -129,7 +135,7 @@ def min_bytes(device) -> int:
 
 def _reserve(nbytes: int, device: torch.device) -> torch.Tensor | None:
     """uint8 ``[nbytes]`` over fresh address space on ``device``, or None when it is not given."""
-    if sum(s.nbytes for s in _LIVE.values()) + nbytes > BUDGET_BYTES:
+    if sum(s.nbytes for s in list(_LIVE.values()) if (s.cuda is not None) == (device.type == "cuda")) + nbytes > BUDGET_BYTES:
         return None
     if device.type == "cuda":
         from . import reserve_cuda
@@ -138,18 +144,26 @@ def _reserve(nbytes: int, device: torch.device) -> torch.Tensor | None:
             span = reserve_cuda.CudaSpan(nbytes, device)
         except RuntimeError:
             return None
-        base = torch.as_tensor(span, device=device)  # keeps the span alive while any view lives
-        _LIVE[base.data_ptr()] = _Span(span.nbytes, 0, span.gran, span)
-        weakref.finalize(span, _LIVE.pop, base.data_ptr(), None)
+        base = torch.as_tensor(span, device=torch.device("cuda", span.index))  # keeps the span alive while any view lives
+        if base.data_ptr() != span.ptr.value:
+            raise RuntimeError("GAAC CUDA reservation: torch wrapped the span at another address")
+        # a weak reference: the entry must not keep the span (and its mapped memory) alive
+        _LIVE[base.data_ptr()] = entry = _Span(span.nbytes, 0, span.gran, weakref.proxy(span))
+        weakref.finalize(span, _forget, base.data_ptr(), entry)
         return base
     try:
         mm = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE)
     except (OSError, ValueError, OverflowError):
         return None
     base = torch.frombuffer(mm, dtype=torch.uint8)  # keeps the mmap alive while any view lives
-    _LIVE[base.data_ptr()] = _Span(nbytes, 0, PAGE)
-    weakref.finalize(mm, _LIVE.pop, base.data_ptr(), None)
+    _LIVE[base.data_ptr()] = entry = _Span(nbytes, 0, PAGE)
+    weakref.finalize(mm, _forget, base.data_ptr(), entry)
     return base
+
+
+def _forget(key: int, entry: _Span) -> None:
+    if _LIVE.get(key) is entry:  # not a newer span that got the same address
+        del _LIVE[key]
 
 
 def _entry(t: torch.Tensor) -> _Span | None:
@@ -194,7 +208,7 @@ def empty(shape, dtype: torch.dtype, device) -> torch.Tensor:
         nbytes = shape[0] * _row_bytes(shape, dtype)
         if device.type == "cuda":
             total = torch.cuda.get_device_properties(device).total_memory
-            span = max(total, 2 * nbytes)
+            span = max(total // CUDA_SPAN_FRACTION, 2 * nbytes)
         else:
             span = _cpu_span_bytes()
             span = span if nbytes <= span else -(-2 * nbytes // PAGE) * PAGE
@@ -256,7 +270,7 @@ def committed_bytes(device_type: str = "cpu") -> int:
     """Bytes every live reservation on ``device_type`` may hold in this process (CPU: largest extents,
     page-rounded; CUDA: mapped granules): what a tensor-bytes meter or a CUDA peak adds, since
     reservations are not memory an aten op or PyTorch's allocator returns."""
-    spans = [s for s in _LIVE.values() if (s.cuda is not None) == (device_type == "cuda")]
+    spans = [s for s in list(_LIVE.values()) if (s.cuda is not None) == (device_type == "cuda")]
     return sum(s.held(s.high) for s in spans)
 
 

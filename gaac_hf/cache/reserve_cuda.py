@@ -3,11 +3,13 @@
 A :class:`CudaSpan` takes a range of device address space once (``cuMemAddressReserve``) and maps
 physical memory into it in granules (``cuMemCreate`` + ``cuMemMap`` + ``cuMemSetAccess``, 2 MiB on
 Hopper) as the pool that views it grows, so growth neither copies nor moves the history and pointers a
-kernel or a captured CUDA graph holds stay valid. Mapping is a host call with no stream work and no
-host-device sync; the new rows are cleared by the caller on the current stream (stream-ordered). The
-physical handle is released right after mapping (the mapping keeps the memory until it is unmapped);
-the span unmaps and frees its range when the last tensor on it dies, after a device synchronize (work
-queued on it may still read it).
+kernel or a captured CUDA graph holds stay valid. Mapping is a host call with no stream work (the driver
+notes that mapping calls may synchronize internally: it maps ahead by an eighth of what it holds, at
+least a granule, so growth maps rarely); the new rows are cleared by the caller on the current stream
+(stream-ordered). The physical handle is released right after mapping (the mapping keeps the memory
+until it is unmapped). When the last tensor on a span dies, the span records an event on the current
+stream and its range is unmapped and freed once that event has completed (checked without waiting at
+the next span call, :func:`release_done`), never inside a CUDA-graph capture.
 
 Design follows the VMM recipe of NVIDIA's "Introducing Low-Level GPU Virtual Memory Management" and
 vAttention-style KV caches (reserve a virtual range per tensor, map pages on demand); the calls go
@@ -100,10 +102,32 @@ def granularity(index: int) -> int:
 
 
 _MAPPED = {"bytes": 0}
+# ranges of dead spans waiting for the work queued before their death: [event or None, lib, ptr, mapped, nbytes]
+_PENDING: list[list] = []
+
+
+def release_done() -> None:
+    """Unmap and free the ranges of dead spans whose queued work has completed (no waiting)."""
+    capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    keep = []
+    for item in _PENDING:
+        ev, lib, ptr, mapped, nbytes = item
+        if ev is None and not capturing:
+            item[0] = ev = torch.cuda.Event()
+            ev.record()
+        if ev is None or not ev.query():
+            keep.append(item)
+            continue
+        if mapped and lib.cuMemUnmap(ptr, mapped) != CUDA_SUCCESS:
+            continue  # left mapped (and counted): never free a range that is still mapped
+        _MAPPED["bytes"] -= mapped
+        lib.cuMemAddressFree(ptr, nbytes)
+    _PENDING[:] = keep
 
 
 def mapped_bytes() -> int:
-    """Device bytes mapped by every live :class:`CudaSpan` of this process."""
+    """Device bytes mapped by the spans of this process (dead ones until their range is freed)."""
+    release_done()
     return _MAPPED["bytes"]
 
 
@@ -123,6 +147,7 @@ class CudaSpan:
         self.nbytes = -(-nbytes // self.gran) * self.gran
         self.mapped = 0
         self.ptr = ctypes.c_uint64(0)
+        release_done()
         with torch.cuda.device(self.index):
             _check(self.lib.cuMemAddressReserve(ctypes.byref(self.ptr), self.nbytes, self.gran, 0, 0), "cuMemAddressReserve")
         self.ensure(1)  # one granule mapped before torch wraps the range (it asks the driver about the pointer)
@@ -135,9 +160,12 @@ class CudaSpan:
     def ensure(self, end: int) -> None:
         """Map physical memory so that bytes ``[0, end)`` are readable and writable. A failed
         allocation frees PyTorch's cached blocks and tries once more before raising."""
-        want = min(self.nbytes, -(-end // self.gran) * self.gran)
-        if want <= self.mapped:
+        need = -(-end // self.gran) * self.gran
+        if need <= self.mapped:
             return
+        # map ahead by an eighth of what is held (at least the granule): fewer driver calls as a pool grows
+        ahead = max(self.gran, self.mapped // 8 // self.gran * self.gran)
+        want = min(self.nbytes, max(need, self.mapped + ahead))
         size = want - self.mapped
         with torch.cuda.device(self.index):
             handle = ctypes.c_ulonglong(0)
@@ -157,7 +185,10 @@ class CudaSpan:
             desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE
             desc.location.id = self.index
             desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-            _check(self.lib.cuMemSetAccess(self.ptr.value + self.mapped, size, ctypes.byref(desc), 1), "cuMemSetAccess")
+            rc = self.lib.cuMemSetAccess(self.ptr.value + self.mapped, size, ctypes.byref(desc), 1)
+            if rc != CUDA_SUCCESS:
+                self.lib.cuMemUnmap(self.ptr.value + self.mapped, size)  # no stray mapping past `mapped`
+                _check(rc, "cuMemSetAccess")
         self.mapped = want
         _MAPPED["bytes"] += size
 
@@ -165,11 +196,9 @@ class CudaSpan:
         lib, ptr = getattr(self, "lib", None), getattr(self, "ptr", None)
         if lib is None or ptr is None or not ptr.value:
             return
+        # kernels queued on the range may still read it: freed once an event recorded now has completed
+        _PENDING.append([None, lib, ptr.value, self.mapped, self.nbytes])
         try:
-            torch.cuda.synchronize(self.index)  # kernels queued on the range may still read it
-            if self.mapped:
-                lib.cuMemUnmap(ptr.value, self.mapped)
-                _MAPPED["bytes"] -= self.mapped
-            lib.cuMemAddressFree(ptr.value, self.nbytes)
+            release_done()
         except Exception:  # noqa: BLE001 - interpreter shutdown: the driver frees it with the context
             pass
