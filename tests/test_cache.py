@@ -81,6 +81,17 @@ def attention(model, name: str):
         model.set_attn_implementation(old)
 
 
+@pytest.fixture(autouse=True)
+def format_v2_default(monkeypatch):
+    """This file checks format v2 (the CPU default until session 20, still the default on GPUs without a
+    fused v3/v4 kernel): every cache a test here builds without ``format_version`` stores v2. The v3
+    default on the CPU reruns the storage tests through tests/test_cache_v3.py, which calls these test
+    functions with its own fixtures."""
+    import gaac_hf.cache.layer as layer_mod
+
+    monkeypatch.setattr(layer_mod, "default_format", lambda *a, **k: 2)
+
+
 @pytest.fixture(scope="session")
 def text_ids(model_tok, wikitext_test) -> torch.Tensor:
     """Held-out real text as token ids ``[1, N]``."""

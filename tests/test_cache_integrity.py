@@ -4,6 +4,7 @@ Each test flips bits in one kind of stored data of a live cache (data planes, ta
 streams, stream offsets, raw rows) and checks that a decode raises (the structural checks every CPU
 decode runs) or ``cache.verify()`` does (the structural checks, plus the per-block checksums of
 ``GAACCache(checksums=True)``). An untouched cache verifies clean and decodes to the exact bits.
+Format v2 storage (its planes, heap and offsets); format v3's corruption tests are in tests/test_cache_v3.py.
 """
 import pytest
 import torch
@@ -16,7 +17,7 @@ T, H, D, L = 16, 2, 64, 2
 
 def _cache(checksums=True):
     gen = torch.Generator().manual_seed(5)
-    cache = synthetic_cache(L, H, D, T, return_full_kv=True, checksums=checksums)
+    cache = synthetic_cache(L, H, D, T, return_full_kv=True, checksums=checksums, format_version=2)
     k = torch.randn(1, H, 6 * T + 3, D, generator=gen)
     k[0, 0, T : 2 * T] = 2.0 ** torch.randint(-90, 90, (T, D), generator=gen).float()  # block 1 of head 0: raw
     v = torch.randn(1, H, 6 * T + 3, D, generator=gen)

@@ -28,7 +28,7 @@ T, H, D, L = 16, 2, 64, 2
 
 
 def _synthetic_cache(checksums=False):
-    return synthetic_cache(L, H, D, T, return_full_kv=True, checksums=checksums)
+    return synthetic_cache(L, H, D, T, return_full_kv=True, checksums=checksums, format_version=2)
 
 
 def _bound(cache) -> int:
@@ -94,7 +94,7 @@ def test_allocation_stays_within_one_page_per_pool_plus_the_tail(checksums):
 
 def test_a_short_prompt_allocates_about_what_it_holds():
     """24 tokens (below one block of 64 in SmolLM2's table) used to allocate 2.31 MB for 0.55 MB."""
-    cache = synthetic_cache(L, H, D, 64)
+    cache = synthetic_cache(L, H, D, 64, format_version=2)
     kv = [tuple(torch.randn(1, H, 24, D).to(torch.bfloat16) for _ in range(2)) for _ in range(L)]
     rows = walk_allocation(cache, kv, 24, 24)
     # the tail grows in quarter blocks: 32 token positions for 24 tokens; plus the 1-byte heap sinks

@@ -83,7 +83,7 @@ def test_gaac_reserve_0_turns_reservations_off(monkeypatch):
     cache = synthetic_cache(1, 2, 64, 16)
     k = torch.randn(1, 2, 40 * 16, 64).to(torch.bfloat16)
     cache.layers[0].update(k, k)
-    assert not any(reserve.is_reserved(p.slots) for p in cache.layers[0].pools)
+    assert not any(reserve.is_reserved(t) for _, t in _pool_tensors(cache.layers[0]))
 
 
 def _pool_tensors(layer):

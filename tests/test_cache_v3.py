@@ -276,20 +276,41 @@ def test_v3_corruption_is_caught():
         cache.verify()
 
 
-def test_cpu_default_is_v2_and_the_fused_v3_kernel_says_why_not():
-    """The format a cache picks by default follows fused_v3.why_unavailable: never v3 on the CPU
-    (decode + SDPA there is bit-identical to DynamicCache + sdpa), with a reason in words."""
-    from gaac_hf.cache import fused_v3
+def test_cpu_default_is_v3_decode_and_sdpa_and_the_fused_v3_kernel_says_why_not(monkeypatch):
+    """On the CPU the default is format v3 where the CPU library loads (its C++ decoder), v2 without it or
+    for token-axis tables; the fused v3 kernel says in words why it does not serve the CPU. A default
+    cache there decodes and runs SDPA (``fused=None`` -> False): bit-identical to DynamicCache + sdpa
+    (tests/test_lm_eval.py runs the default cache), never the tiled attention unless ``fused=True``."""
+    from conftest import synthetic_cache
+
+    from gaac_hf.cache import fused_v3, pool_v3
     from gaac_hf.cache.pool_v3 import default_format
 
-    reason = fused_v3.why_unavailable(torch.device("cpu"), 64, 3)
+    cpu = torch.device("cpu")
+    reason = fused_v3.why_unavailable(cpu, 64, 3)
     assert reason is not None and "cpu" in reason
-    assert default_format(torch.device("cpu"), 64, 3) == 2
+    assert default_format(cpu, 64, 3) == (3 if native.available() else 2)
+    assert default_format(cpu, 64, 3, "token") == 2
+    monkeypatch.setattr(pool_v3.native, "available", lambda: False)
+    assert default_format(cpu, 64, 3) == 2
+    monkeypatch.undo()
+    if not native.available():
+        pytest.skip("the CPU library is not built here")
+    cache = synthetic_cache(1, 2, 64, 16)
+    k = torch.randn(1, 2, 40, 64).to(torch.bfloat16)
+    cache.layers[0].update(k, k)
+    layer = cache.layers[0]
+    assert layer.format_version == 3 and layer.fused is False
+    q = torch.randn(1, 4, 1, 64).to(torch.bfloat16)
+    assert not tiled.takes(layer, q, None, False, {})
+    explicit = synthetic_cache(1, 2, 64, 16, fused=True)
+    explicit.layers[0].update(k, k)
+    assert explicit.layers[0].fused is True and tiled.takes(explicit.layers[0], q, None, False, {})
 
 
 def test_default_format_prefers_the_fused_v4_kernel_then_v3(monkeypatch):
     """default_format follows why_unavailable per format: 4 where the v4 kernel serves the layer, else 3 where
-    the v3 kernel does, else 2 (the kernels' availability stubbed: no GPU here)."""
+    the v3 kernel does, else 2 off the CPU (the kernels' availability stubbed: no GPU here)."""
     from gaac_hf.cache import fused_v3
     from gaac_hf.cache.pool_v3 import default_format
 
@@ -299,7 +320,7 @@ def test_default_format_prefers_the_fused_v4_kernel_then_v3(monkeypatch):
     monkeypatch.setattr(fused_v3, "why_unavailable",
                         lambda dev, d=None, g=None, fv=3: None if fv in serves else f"no v{fv} kernel")
     asked = count_calls(monkeypatch, fused_v3, "why_unavailable")
-    dev = torch.device("cpu")
+    dev = torch.device("meta")  # neither kernel, and not the CPU (whose library makes v3 the default)
     assert default_format(dev, 128, 4) == 2 and len(asked) == 2
     serves.add(3)
     assert default_format(dev, 128, 4) == 3

@@ -52,7 +52,7 @@ def sync_free_cpu(monkeypatch):
 
 def _prefilled(model, table, rows=2, length=37, seed=3):
     ids = torch.randint(0, 512, (rows, length), generator=torch.Generator().manual_seed(seed))
-    cache = GAACCache(model.config, calibration=table, format_version=3)
+    cache = GAACCache(model.config, calibration=table, format_version=3, fused=True)
     with torch.no_grad():
         out = model(ids, past_key_values=cache)
     return cache, out.logits[:, -1:].argmax(-1)
@@ -122,8 +122,8 @@ def test_cuda_graphs_generate_gives_the_tokens_of_generate(model_table, sync_fre
     kw = dict(do_sample=False, max_new_tokens=40, return_dict_in_generate=True, output_logits=True, pad_token_id=0)
     with torch.no_grad():
         ref = model.generate(input_ids=ids, attention_mask=mask, past_key_values=GAACCache(model.config, calibration=table,
-                             format_version=3), **kw)
-        cache = GAACCache(model.config, calibration=table, format_version=3)
+                             format_version=3, fused=True), **kw)
+        cache = GAACCache(model.config, calibration=table, format_version=3, fused=True)
         with cuda_graphs(model, cache, horizon=16, capture=False) as session:
             out = model.generate(input_ids=ids, attention_mask=mask, past_key_values=cache, **kw)
             assert session.runner is not None and session.runner.eager_steps > 0
@@ -144,10 +144,10 @@ def test_graph_mode_errors(model_table, sync_free_cpu, monkeypatch):
     with pytest.raises(ValueError, match="format_version 2"):
         DecodeGraphs(model, v2, capture=False)
     with pytest.raises(ValueError, match="after the prefill"):
-        DecodeGraphs(model, GAACCache(model.config, calibration=table, format_version=3), capture=False)
+        DecodeGraphs(model, GAACCache(model.config, calibration=table, format_version=3, fused=True), capture=False)
     with pytest.raises(ValueError, match="horizon"):
         DecodeGraphs(model, _prefilled(model, table)[0], horizon=0, capture=False)
-    full = GAACCache(model.config, calibration=table, format_version=3, return_full_kv=True)
+    full = GAACCache(model.config, calibration=table, format_version=3, return_full_kv=True, fused=True)
     with torch.no_grad():
         model(torch.zeros(1, 20, dtype=torch.long), past_key_values=full)
     with pytest.raises(ValueError, match="attention is not gaac_hf's"):
@@ -168,7 +168,7 @@ def test_graph_mode_on_real_smollm2_kv_equals_ordinary_steps(model_tok, wikitext
     caches, logits0 = [], None
     with torch.no_grad(), attention(model, "gaac"):
         for _ in range(2):
-            cache = GAACCache(model.config, calibration="smollm2-135m", format_version=3)
+            cache = GAACCache(model.config, calibration="smollm2-135m", format_version=3, fused=True)
             logits0 = model(ids, past_key_values=cache).logits[:, -1:]
             caches.append(cache)
         eager, graphed = caches

@@ -23,7 +23,7 @@ T, H, D, L = 16, 2, 64, 2
 
 
 def _cache(layers=L, heads=H):
-    return synthetic_cache(layers, heads, D, T, return_full_kv=False)
+    return synthetic_cache(layers, heads, D, T, return_full_kv=False, format_version=2)
 
 
 def _kv(gen, b, q, heads=H):

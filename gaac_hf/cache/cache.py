@@ -98,9 +98,11 @@ class GAACCache(Cache):
         block_size: override the table's block size (the windows do not depend on it).
         return_full_kv: None (default) = automatic from the config; True = always return full K/V
             (any attention function works); False = always return the tail carrier.
-        fused: decode steps (q_len == 1) on CUDA. True (default): the fused kernel over the compressed
-            blocks (format v3 on Hopper: the CUDA C++ kernel of ``gaac_hf.cache.fused_v3``; format v2:
-            the Triton kernel). ``"auto"`` (format v2):
+        fused: decode steps through a kernel over the compressed blocks. None (default): True on CUDA,
+            False on the CPU. True: on CUDA the fused kernel of the layer's format (v3/v4 on Hopper: the
+            CUDA C++ kernels of ``gaac_hf.cache.fused_v3``; format v2: the Triton kernel); on the CPU,
+            format v3, the tiled C++ attention (faster at long contexts, within BF16 rounding of SDPA,
+            not bit-identical to it: ``gaac_hf.cache.tiled``). ``"auto"`` (format v2, CUDA):
             the fused kernel below ``gaac_hf.cache.attention.FUSED_MAX_TOKENS`` cached tokens,
             decode-then-SDPA (SDPA without its cuDNN backend) from there on: less GPU time at long
             contexts and less wall time when batched, a little more wall time at B=1 (measured on the
@@ -108,7 +110,7 @@ class GAACCache(Cache):
             ``host_ab_h200_16k_v2.json``; README "Speed"). It allocates one layer's decoded K and V
             per step (bf16 ``2 x [B, H, S, D]``).
             False: never (decode + SDPA, bit-identical to sdpa; use it with attention masks that are
-            not of the left-padding form).
+            not of the left-padding form). The CPU default.
         triton_codec: on CUDA, encode and decode blocks with the Triton kernels of
             ``gaac_hf.kernels.triton`` (byte- and bit-identical to the reference codec; default). False
             keeps the reference PyTorch codec everywhere.
@@ -122,7 +124,8 @@ class GAACCache(Cache):
             kernel, ``gaac_hf.kernels.cuda.fused_attention_v4``; head_dim 64/128/192/256, the kernel
             64/128/256), or None: chosen per layer at the first update (``gaac_hf.cache.pool_v3.default_format``:
             v4 where the fused v4 kernel serves the layer, i.e. Hopper with the ``cuda`` extra: decode steps
-            faster than cuDNN at ~1.30x; then v3 where the fused v3 kernel serves it; v2 elsewhere).
+            faster than cuDNN at ~1.30x; then v3 where the fused v3 kernel serves it; v3 on the CPU with the
+            CPU library (decode + SDPA through its C++ decoder); v2 elsewhere).
         kv_dtype: ``"bf16"`` (default: the K/V as the model makes them, lossless) or ``"fp8_e4m3"`` /
             ``"fp8_e5m2"``: an FP8 KV cache, ``calibration`` then an FP8 table
             (:class:`~gaac_hf.calibration.fp8.FP8Table`, ``gaac-calibrate --kv-dtype``). K/V are converted
@@ -138,7 +141,7 @@ class GAACCache(Cache):
 
     def __init__(self, config, calibration=None, *, block_size: int | None = None,
                  return_full_kv: bool | None = None,
-                 fused: bool | str = True, triton_codec: bool = True, checksums: bool = False,
+                 fused: bool | str | None = None, triton_codec: bool = True, checksums: bool = False,
                  format_version: int | None = None, kv_dtype: str = "bf16") -> None:
         if kv_dtype not in KV_DTYPES:
             raise ValueError(f"kv_dtype must be one of {KV_DTYPES}, got {kv_dtype!r}")
@@ -146,8 +149,8 @@ class GAACCache(Cache):
         if kv_dtype != "bf16":
             self._init_fp8(config, calibration, block_size, return_full_kv, checksums, format_version)
             return
-        if fused not in (True, False, "auto"):
-            raise ValueError(f'fused must be True, False or "auto", got {fused!r}')
+        if fused not in (None, True, False, "auto"):
+            raise ValueError(f'fused must be None, True, False or "auto", got {fused!r}')
         if format_version not in (None, 2, 3, 4):
             raise ValueError(f"format_version must be 2, 3, 4 or None (the default per device), got {format_version!r}")
         config, dtype = _config_of(config)

@@ -96,7 +96,7 @@ class GAACLayer(_BlockedLayer):
     :class:`_BlockedLayer`)."""
 
     def __init__(self, layer_idx: int, table: CalibrationTable, geometry: BlockGeometry, config,
-                 return_full_kv: bool | None = None, fused: bool | str = True, triton_codec: bool = True,
+                 return_full_kv: bool | None = None, fused: bool | str | None = None, triton_codec: bool = True,
                  counts_memo: _CountsMemo | None = None, deferred: _DeferredStore | None = None,
                  host_slab: _HostSlab | None = None, device_tables: _DeviceTables | None = None,
                  fitness: _FitnessCheck | None = None, checksums: bool = False,
@@ -113,7 +113,10 @@ class GAACLayer(_BlockedLayer):
         self._table = table
         self._config = config  # live model config: read at each update() to pick the return mode
         self._return_full_kv = return_full_kv
-        self.fused = fused  # allow the Triton decode kernel (CUDA, q_len == 1) in GAAC attention
+        # decode steps through a kernel over the compressed blocks (CUDA: the fused kernel of the layer's
+        # format; CPU, format v3: the tiled C++ attention); None = the device's default, set at the first
+        # update: True on CUDA, False on the CPU (decode + SDPA: bit-identical to DynamicCache + sdpa)
+        self.fused = fused
         self.triton_codec = triton_codec  # Triton encoder/decoder for CUDA pools (same bytes/bits)
         self.checksums = checksums  # per-block checksums written at encode time (see verify())
         # storage format: 2, 3 or 4, or None = chosen at the first update (pool_v3.default_format)
@@ -168,7 +171,10 @@ class GAACLayer(_BlockedLayer):
         b, h, _, d = key_states.shape
         dev = key_states.device
         group = _query_group(self._config)
-        self.format_version = self._format_request or default_format(dev, d, group)
+        self.format_version = self._format_request or default_format(
+            dev, d, group, getattr(self._geometry_v2, "group_axis", "channel"))
+        if self.fused is None:
+            self.fused = dev.type == "cuda"
         g = self.geometry = {2: lambda g: g, 3: geometry_v3, 4: geometry_v4}[self.format_version](self._geometry_v2)
         if d != g.head_dim:
             raise ValueError(

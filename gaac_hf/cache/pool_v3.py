@@ -46,19 +46,26 @@ CPU_PAGE_BYTES = 16 << 10
 CPU_SYNC_FREE = False
 
 
-def default_format(device: torch.device, head_dim: int | None = None, group: int | None = None) -> int:
+def default_format(device: torch.device, head_dim: int | None = None, group: int | None = None,
+                   group_axis: str = "channel") -> int:
     """The storage format a cache built without ``format_version`` uses on ``device``: 4 where the fused
     v4 register-tile kernel serves the layer (Hopper with the ``cuda`` extra, head_dim 64/128/256, up to 16
     query heads per kv head, 8 at 256: :func:`gaac_hf.cache.fused_v3.why_unavailable`): the format whose
     decode steps beat cuDNN on the H200 (``eval/results/attention_h200.json``, ``e2e_h200.json``), at ~1.30x
-    instead of v3's ~1.42x. Else 3 where the fused v3 kernel serves it, 2 elsewhere (the CPU's decode + SDPA
-    path is bit-identical to DynamicCache + sdpa; other GPUs run the v2 Triton kernels). Pass
+    instead of v3's ~1.42x. Else 3 where the fused v3 kernel serves it. On the CPU 3 where the CPU library
+    loads (:mod:`gaac_hf.kernels.cpu`: its C++ v3 decoder makes decode + SDPA 7-15x faster than v2's
+    PyTorch decoder, bit-identical to DynamicCache + sdpa all the same: ``lab/results/cpu_v2_decode_chunk_ab.json``).
+    2 elsewhere (other GPUs run the v2 Triton kernels; token-axis tables are v2 only). Pass
     ``format_version=3`` to keep v3's ratio on Hopper."""
     from .fused_v3 import why_unavailable
 
+    if group_axis != "channel":
+        return 2
     if why_unavailable(device, head_dim, group, 4) is None:
         return 4
-    return 3 if why_unavailable(device, head_dim, group) is None else 2
+    if why_unavailable(device, head_dim, group) is None:
+        return 3
+    return 3 if torch.device(device).type == "cpu" and native.available() else 2
 
 
 def geometry_v3(geometry) -> GeometryV3:
@@ -234,7 +241,11 @@ class _BlockPoolV3(reserve.DeepcopyReserved):
 
     def page_bytes(self) -> int:
         """Pool growth step: one decode step's blocks at their largest (BF16) size, at least
-        :data:`CPU_PAGE_BYTES`, a multiple of 4 KiB."""
+        :data:`CPU_PAGE_BYTES`, a multiple of 4 KiB. A CPU pool whose exact stores grow a reservation in
+        place (:mod:`gaac_hf.cache.reserve`) takes one OS page: growing costs no copy there, so a
+        coarser step would only hold bytes (16 KiB per pool is more than a short prompt's K/V)."""
+        if self.bound is None and reserve.enabled(self.device):
+            return reserve.PAGE
         want = max(self.step_blocks * self.geometry.raw_bytes, CPU_PAGE_BYTES)
         return -(-want // 4096) * 4096
 
@@ -269,7 +280,8 @@ class _BlockPoolV3(reserve.DeepcopyReserved):
         cap = used + GUARD + -(-(need - used - GUARD) // page) * page
         if reserve.enabled(self.device):  # CPU: in place (gaac_hf.cache.reserve); the bytes past used are zero
             self.pool[used:].zero_()
-            self.pool = reserve.grow_or_copy(self.pool, cap)
+            # a reservation holds whole pages: end the pool at a page boundary, the guard inside it
+            self.pool = reserve.grow_or_copy(self.pool, -(-need // reserve.PAGE) * reserve.PAGE)
             return
         pool = torch.empty(cap, dtype=torch.uint8, device=self.device)
         pool[:used] = self.pool[:used]

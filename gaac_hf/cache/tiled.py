@@ -7,8 +7,9 @@ buffer and attends to it with online softmax, over splits of :data:`SPLIT_TILES`
 ``torch.get_num_threads()`` threads; the whole BF16 K/V is never built. Its arithmetic is
 :func:`gaac_hf.kernels.cpu.reference.tiled_attention_reference` (float32, fixed order), bit for bit;
 without a compiler that reference itself runs on the decoded K/V (same bits, slower; warned once).
-Outputs are within BF16 rounding of SDPA's, not bit-identical to them: ``GAACCache(fused=False)``
-keeps SDPA on the decoded K/V (bit-identical to DynamicCache + sdpa) instead.
+Outputs are within BF16 rounding of SDPA's, not bit-identical to them, so it runs only with
+``GAACCache(fused=True)``: the CPU default (``fused=None``) and ``fused=False`` decode the blocks and run
+SDPA on them (bit-identical to DynamicCache + sdpa).
 """
 from __future__ import annotations
 
