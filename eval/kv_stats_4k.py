@@ -1,10 +1,11 @@
 """GAACCache.stats() at a 4K-token context on SmolLM2-135M: resident KV bytes against BF16.
 
-What it measures: the bytes a GAACCache really holds (slot rows with their 8-byte ``esc_start``,
-escape streams at their exact length in the escape heap, raw-fallback blocks, block tables, tail)
-after a 4,096-token held-out WikiText-2 prompt, for the shipped table's block size and for larger
-blocks (the windows do not depend on the block size; format v2 has no per-geometry escape capacity
-to calibrate, a block is stored raw only when its escape stream exceeds ``escape_limit``).
+What it measures: the bytes a GAACCache really holds after a 4,096-token held-out WikiText-2 prompt,
+for the shipped table's block size and for larger blocks (the windows do not depend on the block size),
+in the storage format a default cache picks on this machine (``--format-version`` to choose: format v3,
+the CPU default with the CPU library, counts its pool bytes, int64 block tables and tail; format v2 its
+slot rows with their 8-byte ``esc_start``, escape streams at their exact length, raw-fallback blocks,
+block tables, tail; v2 rows add ``slot_bytes``, ``escape_limit`` and the no-escape bound).
 
 The prompt's K/V come from one DynamicCache prefill and are compressed with
 GAACCache.from_dynamic_cache: the stored bytes do not depend on how the tokens arrived.
@@ -41,11 +42,12 @@ def main(argv=None) -> int:
     ap.add_argument("--context", type=int, default=4096)
     ap.add_argument("--block-sizes", type=int, nargs="+", default=[64, 128, 256])
     ap.add_argument("--out", default=str(REPO / "eval" / "results" / "kv_stats_4k_smollm2.json"))
+    ap.add_argument("--format-version", type=int, choices=(2, 3), default=None,
+                    help="storage format (default: what a GAACCache picks on this machine)")
     args = ap.parse_args(argv)
 
     from gaac_hf.cache import GAACCache
     from gaac_hf.calibration import CalibrationTable
-    from gaac_hf.format import FORMAT_VERSION
     from gaac_hf.data import wikitext
     from gaac_hf.models import load_smollm2
 
@@ -63,16 +65,19 @@ def main(argv=None) -> int:
     runs = []
     for t in args.block_sizes:
         t1 = time.time()
-        cache = GAACCache.from_dynamic_cache(held_out, model.config, table, block_size=t)
+        cache = GAACCache.from_dynamic_cache(held_out, model.config, table, block_size=t,
+                                             format_version=args.format_version)
         st = cache.stats()
-        g = cache.geometry
-        row = {"block_size": t, "slot_bytes": st["slot_bytes"], "escape_limit": g.escape_limit,
-               # the ratio if every block used no escape byte (planes + esc_start + table entry only)
-               "no_escape_bound_ratio": g.raw_bytes / (g.slot_bytes + 8 + 4)}
-        row |= {k: st[k] for k in ("ratio", "savings", "resident_bytes", "bf16_bytes", "escape_bytes",
-                                   "raw_fallback_blocks", "stored_blocks", "slot_rows", "tail_tokens",
+        row = {"block_size": t, "format_version": st["format_version"]}
+        if st["format_version"] == 2:
+            g = cache.geometry
+            row |= {"slot_bytes": st["slot_bytes"], "escape_limit": g.escape_limit,
+                    # the ratio if every block used no escape byte (planes + esc_start + table entry only)
+                    "no_escape_bound_ratio": g.raw_bytes / (g.slot_bytes + 8 + 4),
+                    "escape_bytes_per_slot_row": round(st["escape_bytes"] / max(st["slot_rows"], 1), 3)}
+        row |= {k: st[k] for k in ("ratio", "savings", "resident_bytes", "allocated_bytes", "bf16_bytes",
+                                   "raw_fallback_blocks", "stored_blocks", "tail_tokens",
                                    "mode_shares", "mode_shares_k", "mode_shares_v")}
-        row["escape_bytes_per_slot_row"] = round(st["escape_bytes"] / max(st["slot_rows"], 1), 3)
         row["meets_target"] = st["ratio"] >= 1.40
         row["encode_seconds"] = round(time.time() - t1, 1)
         runs.append(row)
@@ -88,7 +93,7 @@ def main(argv=None) -> int:
         "target": "ratio >= 1.40 (resident KV >= 25% below BF16)",
         "runs": runs,
         "command": " ".join(["python eval/kv_stats_4k.py", *(argv if argv is not None else sys.argv[1:])]),
-        "format_version": FORMAT_VERSION,
+        "format_version": runs[0]["format_version"],
         "versions": {"torch": torch.__version__, "transformers": __import__("transformers").__version__},
         "seconds": round(time.time() - t0, 1),
     }
