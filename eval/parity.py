@@ -204,6 +204,9 @@ def merge(paths: list[str], out: Path) -> int:
         "seconds_total": max(r.get("seconds_total", 0) for r in parts),
         "merged_from": [_rel(p) for p in paths],
     }
+    formats = {f for t in tasks.values() for f in (t.get("gaac_cache") or {}).get("format_versions", [])}
+    if formats:
+        report["format_versions"] = sorted(formats)  # what the GAAC caches of every merged task used
     out.parent.mkdir(parents=True, exist_ok=True)
     harness.write_result(out, report)
     print(f"[parity] merged {len(parts)} runs into {out}; all_identical={report['all_identical']}")
@@ -364,6 +367,8 @@ def summarize_stats(stats: list[dict]) -> dict:
     tot["calls"] = len(stats)
     tot["calls_with_encoded_blocks"] = sum(1 for s in stats if s.get("encoded_blocks", 0) > 0)
     tot["ratio"] = tot["bf16_bytes"] / tot["resident_bytes"] if tot["resident_bytes"] else None
+    # the storage format(s) the caches used (cache.stats()["format_version"])
+    tot["format_versions"] = sorted({s["format_version"] for s in stats if s.get("format_version") is not None})
     return tot
 
 

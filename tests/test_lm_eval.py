@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from gaac_hf.kernels.cpu import native
+
 REPO = Path(__file__).resolve().parents[1]
 TASKS = Path(importlib.util.find_spec("gaac_hf.integrations.lm_eval").origin).parent / "tasks"  # package data
 SHIPPED_TABLE = REPO / "calibration_data" / "smollm2-135m.safetensors"
@@ -213,6 +215,8 @@ def test_parity_tiny(parity, table, tmp_path):
     for name in ("gaac_piqa", "gaac_wikitext"):
         g = rep["tasks"][name]["gaac_cache"]
         assert g["calls_with_encoded_blocks"] == g["calls"] and g["encoded_blocks"] > 0, (name, g)
+        # the CPU default format (v3 with the CPU library: decode + SDPA), recorded from the caches' stats
+        assert g["format_versions"] == [3 if native.available() else 2], (name, g)
         assert g["seq_length"] > 64 * g["calls"], (name, g)  # more than one 64-token chunk per call
 
 

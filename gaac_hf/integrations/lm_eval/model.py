@@ -57,7 +57,7 @@ log = logging.getLogger(__name__)
 DEFAULT_BLOCK_SIZE = 64
 BLOCKS_PER_CHUNK = 4
 _STAT_KEYS = ("encoded_blocks", "stored_blocks", "raw_fallback_blocks", "resident_bytes", "bf16_bytes", "fp8_bytes",
-              "ratio", "seq_length", "tail_tokens")
+              "ratio", "seq_length", "tail_tokens", "format_version")
 _SMOLLM2_ALIASES = ("smollm2", "smollm2-135m", "smollm2-135m-instruct")
 
 
