@@ -137,6 +137,13 @@ def _walk_and_check(model, kv, stop: int, from_075: int):
         assert not high, f"prefill {prefill}: allocated above 0.75x DynamicCache at {high[:3]}"
         last = rows[-1]
         assert last["resident_bytes"] <= last["allocated_bytes"] < 0.73 * last["dynamic_bytes"]
+        # the real K/V come back bit for bit from pools that grew in place (reservations, on the CPU by default)
+        if reserve.enabled(torch.device("cpu")):
+            assert any(reserve.is_reserved(p.pool if hasattr(p, "pool") else p.slots)
+                       for layer in cache.layers[: len(kv)] for p in layer.pools)
+        for layer, (k, v) in zip(cache.layers, kv):
+            got_k, got_v = layer.full_kv()
+            assert _same(got_k, k[:, :, :stop]) and _same(got_v, v[:, :, :stop])
 
 
 @pytest.mark.slow
