@@ -4,7 +4,7 @@ reservation and every later growth re-views more of it; nothing moves, nothing i
 * the module itself: in-place growth keeps addresses and rows, new rows read zero (also rows handed out
   before), page-rounded held bytes, deepcopy clones without copying the span, ``GAAC_RESERVE=0``;
 * a cache walk token by token (formats 2, 3 and FP8): once a pool is reserved its storage address never
-  changes again, decoded K/V equal the input bit for bit, ``stats()["allocated_bytes"]`` counts the
+  changes again, decoded K/V (with NaN, +-Inf, -0 and subnormals among them) equal the input bit for bit, ``stats()["allocated_bytes"]`` counts the
   page-rounded views, and ``copy.deepcopy`` of the cache stays independent and exact;
 * ``TensorBytesMeter`` counts reservation pages (they are not storages an op returns).
 """
@@ -113,9 +113,16 @@ def test_a_cache_walk_never_moves_a_reserved_pool_and_stays_exact(kind):
     addr: dict[str, int] = {}
     moved_after_reserved = []
     reserved_seen = set()
+    specials = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 1e-40, -1e-40, 3e38],
+                            dtype=torch.bfloat16).view(torch.int16)  # NaN, +-Inf, -0, subnormals, near max
     for step in range(1 + 24 * T):
         q = 8 * T + 3 if step == 0 else 1
         k, v = (torch.randn(2, H, q, D, generator=gen).to(torch.bfloat16) for _ in range(2))
+        if kind != "fp8":  # sparse special values (the FP8 conversion is not this test's subject)
+            for x in (k, v):
+                flat = x.view(torch.int16).view(-1)
+                at = torch.randint(0, flat.numel(), (max(1, flat.numel() // 500),), generator=gen)
+                flat[at] = specials[torch.randint(0, specials.numel(), at.shape, generator=gen)]
         ks.append(k)
         vs.append(v)
         ko, vo = layer.update(k, v)
@@ -128,7 +135,7 @@ def test_a_cache_walk_never_moves_a_reserved_pool_and_stays_exact(kind):
     assert reserved_seen, "the walk grows some pool past MIN_BYTES"
     assert not moved_after_reserved
     if kind != "fp8":  # FP8 returns dequantized codes: its own test compares codes
-        assert _same(ko, torch.cat(ks, 2)) and _same(vo, torch.cat(vs, 2))
+        assert _same(ko, torch.cat(ks, 2)) and _same(vo, torch.cat(vs, 2))  # int16 views: NaN payloads, -0 too
     st = cache.stats()
     held = sum(reserve.held_bytes(t) for _, t in _pool_tensors(layer))
     assert held <= st["allocated_bytes"]

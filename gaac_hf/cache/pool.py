@@ -54,10 +54,11 @@ def _round_up(n: int, m: int) -> int:
 #: device, without a host sync; larger pages mean fewer copies). CPU pools grow by one decode step's
 #: blocks (``B * Hkv`` rows), so their capacity is exact.
 CUDA_PAGE_BYTES = 2 << 20
-#: blocks the reference encoder takes per call (its intermediates stay ~2.5 MB at head_dim 64)
+#: blocks the reference encoder takes per call (~40 B of intermediates per value: ~2.6 MB at 64 x 64 blocks)
 ENCODE_CHUNK = 16
-#: blocks the reference decoder takes per call in :meth:`_BlockPool.gather`: its intermediates stay
-#: ~5 MB, and stay in cache (a 4K-token layer decodes in 38 ms instead of 83 ms on 2 cores)
+#: blocks the reference decoder takes per call in :meth:`_BlockPool.gather`: its intermediates stay a
+#: few MB and in cache (v2 decode steps 1.8x / 1.6x faster at 4K / 8K tokens, 13% slower at 1K:
+#: ``eval/results/cpu_formats_smollm2.json``, ``gaac_v2`` vs ``gaac_v2_whole_layer``)
 DECODE_CHUNK = 32
 #: CPU escape heaps grow in pages of this many bytes.
 CPU_HEAP_PAGE = 1024
@@ -193,7 +194,7 @@ class _BlockPool(reserve.DeepcopyReserved):
         """Encode bf16 ``[N, T, D]`` blocks (``heads`` int64 ``[N]``) with this pool's windows. The
         reference encoder holds ~40 bytes of int32 intermediates per value: a prefill's blocks are
         encoded :data:`ENCODE_CHUNK` at a time so that they stay small beside the model's own
-        activations (a 1K-token SmolLM2 prefill: ~8 MB -> ~2.5 MB); the bytes are the same."""
+        activations (``tests/test_cache_memory.py``: generate()'s peak below DynamicCache's); the bytes are the same."""
         n = blocks.shape[0]
         if self.triton or n <= ENCODE_CHUNK:
             return self._encode(blocks, self.base8[heads], self.base16[heads], self.geometry)

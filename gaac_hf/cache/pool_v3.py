@@ -53,8 +53,8 @@ def default_format(device: torch.device, head_dim: int | None = None, group: int
     query heads per kv head, 8 at 256: :func:`gaac_hf.cache.fused_v3.why_unavailable`): the format whose
     decode steps beat cuDNN on the H200 (``eval/results/attention_h200.json``, ``e2e_h200.json``), at ~1.30x
     instead of v3's ~1.42x. Else 3 where the fused v3 kernel serves it. On the CPU 3 where the CPU library
-    loads (:mod:`gaac_hf.kernels.cpu`: its C++ v3 decoder makes decode + SDPA 7-15x faster than v2's
-    PyTorch decoder, bit-identical to DynamicCache + sdpa all the same: ``lab/results/cpu_v2_decode_chunk_ab.json``).
+    loads (:mod:`gaac_hf.kernels.cpu`: its C++ v3 decoder makes decode + SDPA 7-22x faster than v2's
+    PyTorch decoder, bit-identical to DynamicCache + sdpa all the same: ``eval/results/cpu_formats_smollm2.json``).
     2 elsewhere (other GPUs run the v2 Triton kernels; token-axis tables are v2 only). Pass
     ``format_version=3`` to keep v3's ratio on Hopper."""
     from .fused_v3 import why_unavailable
@@ -241,11 +241,8 @@ class _BlockPoolV3(reserve.DeepcopyReserved):
 
     def page_bytes(self) -> int:
         """Pool growth step: one decode step's blocks at their largest (BF16) size, at least
-        :data:`CPU_PAGE_BYTES`, a multiple of 4 KiB. A CPU pool whose exact stores grow a reservation in
-        place (:mod:`gaac_hf.cache.reserve`) takes one OS page: growing costs no copy there, so a
-        coarser step would only hold bytes (16 KiB per pool is more than a short prompt's K/V)."""
-        if self.bound is None and reserve.enabled(self.device):
-            return reserve.PAGE
+        :data:`CPU_PAGE_BYTES`, a multiple of 4 KiB. (A CPU pool in a reservation ends at the next OS
+        page instead: :meth:`_room_exact`.)"""
         want = max(self.step_blocks * self.geometry.raw_bytes, CPU_PAGE_BYTES)
         return -(-want // 4096) * 4096
 
@@ -276,13 +273,15 @@ class _BlockPoolV3(reserve.DeepcopyReserved):
         need = used + total + GUARD
         if need <= self.pool.numel():
             return
-        page = self.page_bytes()
-        cap = used + GUARD + -(-(need - used - GUARD) // page) * page
         if reserve.enabled(self.device):  # CPU: in place (gaac_hf.cache.reserve); the bytes past used are zero
             self.pool[used:].zero_()
-            # a reservation holds whole pages: end the pool at a page boundary, the guard inside it
+            # a reservation holds whole pages, and growing one copies nothing: end the pool at the next page
+            # boundary past the guard (a coarser step would only hold bytes: 16 KiB per pool is more than a
+            # short prompt's K/V)
             self.pool = reserve.grow_or_copy(self.pool, -(-need // reserve.PAGE) * reserve.PAGE)
             return
+        page = self.page_bytes()
+        cap = used + GUARD + -(-(need - used - GUARD) // page) * page
         pool = torch.empty(cap, dtype=torch.uint8, device=self.device)
         pool[:used] = self.pool[:used]
         pool[used + total :].zero_()
