@@ -10,18 +10,20 @@
 # the planner's W4 x 1; SmolLM2 16K / 32K within 3% of the planner's pick (few streams: latency-bound either way).
 export PYTHONUNBUFFERED=1 GAAC_COMMIT="$1" GAAC_DIRTY=0 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 T0=$(date +%s)
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -q H100 && echo h100 || echo h200)
+echo "gpu: $GPU"
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "pip -e failed"
 G=""; for b in 1 4 16; do for c in 16384 32768 65536 131072; do G="$G qwen3-8b:$b:$c"; done; done
 G="$G smollm2-135m:1:16384 smollm2-135m:1:32768 gemma3:1:16384 gemma3:16:32768 gemma3:16:65536 gemma3:16:131072"
-timeout 400 python3 eval/bench_attention_v4.py --budget-s 340 --grid-cases $G --out $OUT/attention_h200_layouts.json 2>&1 | grep -v Warn | grep -E "B=|wrote|rror|cut" | tail -50
+timeout 400 python3 eval/bench_attention_v4.py --budget-s 340 --grid-cases $G --out $OUT/attention_${GPU}_layouts.json 2>&1 | grep -v Warn | grep -E "B=|wrote|rror|cut" | tail -50
 echo "grid after $(( $(date +%s) - T0 )) s"
 # issue 19: the H200 memory report with CUDA pools grown by copies (0) and in reservations (1), same commit, same
 # process layout (call V2 ran only the reserved one, on an H100: its 0.93x differed from memory_h200.json's 0.907x
 # because that file is format v3's; this is the A/B). Prediction: reserved peak <= copied peak, by up to a pool's
 # last growth (a few % of the KV bytes).
 for R in 0 1; do GAAC_RESERVE_CUDA=$R timeout 90 python3 eval/memory_report.py --gpu --gpu-layers 12 \
-  --out $OUT/memory_h200_reserve$R.json 2>&1 | grep -E "gaac_vs|wrote" | sed 's/.stats.*gaac_vs/ gaac_vs/' | tail -2; done
+  --out $OUT/memory_${GPU}_reserve$R.json 2>&1 | grep -E "gaac_vs|wrote" | sed 's/.stats.*gaac_vs/ gaac_vs/' | tail -2; done
 echo "memory after $(( $(date +%s) - T0 )) s"
 timeout $(( 585 - ($(date +%s) - T0) )) python3 eval/bench_attention_v4.py --sweep-only --sweep-cases gemma3:1:16384 smollm2-135m:1:16384 \
-  smollm2-135m:1:32768 gemma3:1:32768 --out $OUT/attention_v4_sweep_low.json 2>&1 | grep -v Warn | grep -E "sweep|rror" | tail -80
+  smollm2-135m:1:32768 gemma3:1:32768 --out $OUT/attention_v4_sweep_low_${GPU}.json 2>&1 | grep -v Warn | grep -E "sweep|rror" | tail -80
 echo "done after $(( $(date +%s) - T0 )) s"
