@@ -1,4 +1,4 @@
-"""CUDA reservations (gaac_hf/cache/reserve_cuda.py, opt-in with GAAC_RESERVE_CUDA=1), marker gpu.
+"""CUDA reservations (gaac_hf/cache/reserve_cuda.py, opt-in with GAAC_RESERVE_CUDA=1), marker gpu (passed on an H100, session 21).
 
 Written in a CPU-only session: these are the checks to run on the H200 before the option may become the
 default. ``MIN_GRANULES_CUDA`` is set to 0 so that every pool of the small random-weight SmolLM2-shaped

@@ -32,7 +32,8 @@ Where reservations are used: CPU tensors on Linux (``GAAC_RESERVE=0`` turns them
 ``vm.overcommit_memory=2``, where ``MAP_NORESERVE`` is ignored). A reservation that cannot be made falls
 back to an ordinary tensor, which grows by copying as before. CUDA tensors only with
 ``GAAC_RESERVE_CUDA=1`` (:mod:`gaac_hf.cache.reserve_cuda`: the driver's virtual memory management,
-granules of 2 MiB mapped as rows are added and cleared on the current stream; **not yet run on a GPU**);
+granules of 2 MiB mapped as rows are added and cleared on the current stream; its GPU tests passed on an
+H100 in session 21, ``lab/results/v2_session21/``);
 by default CUDA pools grow by a device copy in fixed pages (``docs/CACHE.md`` "Memory").
 """
 from __future__ import annotations

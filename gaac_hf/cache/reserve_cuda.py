@@ -15,8 +15,10 @@ Design follows the VMM recipe of NVIDIA's "Introducing Low-Level GPU Virtual Mem
 vAttention-style KV caches (reserve a virtual range per tensor, map pages on demand); the calls go
 through ``ctypes`` to ``libcuda`` so that no CUDA Python package is needed.
 
-Status: **not yet run on a GPU** (written in a CPU-only session). It is off unless
-``GAAC_RESERVE_CUDA=1``; ``tests/test_cache_reserve_gpu.py`` (marker ``gpu``) is the check to run first.
+Status: written in a CPU-only session (20); ``tests/test_cache_reserve_gpu.py`` (marker ``gpu``: granules
+mapped in place, ``generate`` bit-identical with and without reservations, no reserved pool moves, decode
+steps free of host syncs) passed on an H100 in session 21 (``lab/results/v2_session21/pytest_gpu_v2.txt``).
+It is off unless ``GAAC_RESERVE_CUDA=1``.
 Memory mapped here is outside PyTorch's caching allocator: ``torch.cuda.memory_allocated`` does not
 see it; :func:`mapped_bytes` does (``eval/memory_report.py --gpu`` adds it).
 """
