@@ -64,6 +64,21 @@ constexpr int WIN = WINDOW_SEGS;
 constexpr int NWIN = (make_geom(T, D).segs + WIN - 1) / WIN;
 constexpr bool FULL = make_geom(T, D).chunks % SEG_CHUNKS == 0;  // every segment has 32 chunks
 constexpr bool COL_FIXED = SEG_CHUNKS % (D / GROUP) == 0;      // a lane's column is the same in every segment
+// DECODE_STAGE = 1: the standalone decoder writes a window's BF16 values into its warp's shared-memory buffer, the
+// fix-up patches them there, and the warp then copies the window to global memory with 16-byte stores, 512
+// contiguous bytes per warp instruction. Without it the main path stores to global memory and the fix-up reads
+// those stores back (a read-modify-write through L2 per listed group). Only where a window's values are
+// contiguous in the block (COL_FIXED: a segment is 1,024 consecutive values) and the buffers fit static shared
+// memory; BF16 tiles only. Lab sweep: lab/experiments/codec_v3_sweep.py.
+#ifndef DECODE_STAGE
+#define DECODE_STAGE 0
+#endif
+#ifdef GAAC_FP8
+constexpr bool STAGE = false;
+#else
+constexpr bool STAGE = DECODE_STAGE == 1 && COL_FIXED && (DECODE_THREADS / 32) * WIN * 2048 <= 48 * 1024;
+#endif
+constexpr int STAGE_VALUES = STAGE ? WIN * 1024 : 1;  // a warp's buffer (values)
 
 __device__ __forceinline__ uint32_t ld32(const uint8_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
 __device__ __forceinline__ uint4 ld128(const void* p) { return *reinterpret_cast<const uint4*>(p); }
@@ -98,7 +113,7 @@ enum { MODE_STORE = 0, MODE_FOLD = 1 };
 // The main path of the window's chunks (lane = chunk 32s + lane of each segment s of the window).
 template <int MODE>
 __device__ __forceinline__ void window_main(const uint8_t* blk, int s_lo, int lane, const uint32_t* b8row, value_t* o,
-                                            uint32_t& acc) {
+                                            value_t* sbuf, uint32_t& acc) {
   uint4 bp = ld128(b8row + 4 * lane_col(s_lo, lane));
   // one base pointer per plane: inside the window every address is base + a constant (FULL) or
   // computed per segment (the last, short segment of an odd geometry)
@@ -145,6 +160,7 @@ __device__ __forceinline__ void window_main(const uint8_t* blk, int s_lo, int la
               k * (CHUNK_ROWS * SEG_CHUNKS / GEO.cols) * D;
       else
         dst = o + chunk_row0(GEO, c) * D + GROUP * chunk_col(GEO, c);
+      if constexpr (STAGE) dst = sbuf + (dst - o) - 1024 * s_lo;  // the same value's place in the warp's buffer
 #ifdef GAAC_FP8
       GAAC_UNROLL
       for (int r = 0; r < 4; ++r) st64(dst + r * D, v[2 * r], v[2 * r + 1]);
@@ -164,7 +180,7 @@ __device__ __forceinline__ void window_main(const uint8_t* blk, int s_lo, int la
 // its index with the window's (at most 3) inner segment boundaries.
 template <int MODE>
 __device__ __forceinline__ void window_fix(const uint8_t* blk, int s_lo, int lane, const uint32_t* b8row,
-                                           const uint32_t* dbrow, value_t* o, uint32_t& acc) {
+                                           const uint32_t* dbrow, value_t* o, value_t* sbuf, uint32_t& acc) {
   const int s_hi = s_lo + WIN < GEO.segs ? s_lo + WIN : GEO.segs;
   const uint8_t* segtab = blk + GEO.segtab_off;
   const uint32_t s0 = ld32(segtab + 4 * s_lo), tot = ld32(segtab + 4 * GEO.segs);
@@ -216,6 +232,7 @@ __device__ __forceinline__ void window_fix(const uint8_t* blk, int s_lo, int lan
 #else
       if constexpr (MODE == MODE_STORE) {
         uint16_t* dst = o + (chunk_row0(GEO, c) + r) * D + GROUP * col;
+        if constexpr (STAGE) dst = sbuf + (dst - o) - 1024 * s_lo;
         const uint4 v = ld128(dst);
         uint32_t ow[4] = {v.x, v.y, v.z, v.w};
         fix_group(ow, d4, entry, rw);
@@ -260,8 +277,21 @@ __device__ __forceinline__ void decode_item(const uint8_t* __restrict__ pool, lo
     return;
   }
   const uint32_t* b8row = b8p + (size_t)i * base_stride;
-  window_main<MODE>(blk, s_lo, lane, b8row, o, acc);
-  window_fix<MODE>(blk, s_lo, lane, b8row, dbp + (size_t)i * base_stride, o, acc);
+  if constexpr (STAGE && MODE == MODE_STORE) {
+    __shared__ __align__(16) value_t stage_buf[DECODE_THREADS / 32][STAGE_VALUES];
+    value_t* sbuf = stage_buf[threadIdx.x >> 5];
+    __syncwarp();  // the previous item's copy-out has read the buffer
+    window_main<MODE>(blk, s_lo, lane, b8row, o, sbuf, acc);
+    window_fix<MODE>(blk, s_lo, lane, b8row, dbp + (size_t)i * base_stride, o, sbuf, acc);
+    __syncwarp();  // every lane's values and fixes are in the buffer
+    const int v_lo = 1024 * s_lo, v_hi = v_lo + STAGE_VALUES < NUMEL ? v_lo + STAGE_VALUES : NUMEL;
+    GAAC_UNROLL
+    for (int v = 8 * lane; v < STAGE_VALUES; v += 256)
+      if (v_lo + v < v_hi) *reinterpret_cast<uint4*>(o + v_lo + v) = *reinterpret_cast<const uint4*>(sbuf + v);
+  } else {
+    window_main<MODE>(blk, s_lo, lane, b8row, o, nullptr, acc);
+    window_fix<MODE>(blk, s_lo, lane, b8row, dbp + (size_t)i * base_stride, o, nullptr, acc);
+  }
 }
 
 // Grid-stride loop over (block, window) items, one warp per item; returns this lane's XOR fold.
