@@ -1,8 +1,7 @@
-"""CUDA reservations (gaac_hf/cache/reserve_cuda.py, opt-in with GAAC_RESERVE_CUDA=1), marker gpu (passed on an H100, session 21).
-
-Written in a CPU-only session: these are the checks to run on the H200 before the option may become the
-default. ``MIN_GRANULES_CUDA`` is set to 0 so that every pool of the small random-weight SmolLM2-shaped
-model lives in a reservation from its first growth.
+"""CUDA reservations (gaac_hf/cache/reserve_cuda.py, the default; GAAC_RESERVE_CUDA=0 turns them off), marker gpu
+(passed on an H100, session 21). The fixtures set the variable explicitly, so each test runs the path it names.
+``MIN_GRANULES_CUDA`` is set to 0 so that every pool of the small random-weight SmolLM2-shaped model lives in a
+reservation from its first growth.
 
 * a span maps granules as rows are added: the address never changes, old rows are kept, rows handed out
   again read zero, the mapped bytes are counted and given back when the last view dies;

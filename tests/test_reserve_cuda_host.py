@@ -135,3 +135,21 @@ def test_a_dead_span_is_freed_after_its_event_and_not_while_capturing(driver, mo
     FakeEvent.done = True
     assert rc.mapped_bytes() == 0 and not rc._PENDING
     assert va not in driver.ranges and not driver.maps
+
+
+def test_cuda_reservations_are_on_by_default_and_env_turns_them_off(monkeypatch):
+    """The default (session 22): CUDA pools live in reservations wherever the driver's VMM calls load;
+    ``GAAC_RESERVE_CUDA=0`` turns them off. No driver here: the granularity query is replaced."""
+    from gaac_hf.cache import reserve
+
+    monkeypatch.setattr(rc, "granularity", lambda index: GRAN)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    dev = torch.device("cuda", 0)
+    monkeypatch.delenv("GAAC_RESERVE_CUDA", raising=False)
+    assert reserve.enabled(dev)
+    monkeypatch.setenv("GAAC_RESERVE_CUDA", "0")
+    assert not reserve.enabled(dev)
+    monkeypatch.setenv("GAAC_RESERVE_CUDA", "1")
+    assert reserve.enabled(dev)
+    monkeypatch.setattr(rc, "granularity", lambda index: 0)  # the VMM calls did not load
+    assert not reserve.enabled(dev)

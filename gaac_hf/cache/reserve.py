@@ -30,11 +30,10 @@ Invariants this module keeps, and which its callers must too:
 
 Where reservations are used: CPU tensors on Linux (``GAAC_RESERVE=0`` turns them off, e.g. under
 ``vm.overcommit_memory=2``, where ``MAP_NORESERVE`` is ignored). A reservation that cannot be made falls
-back to an ordinary tensor, which grows by copying as before. CUDA tensors only with
-``GAAC_RESERVE_CUDA=1`` (:mod:`gaac_hf.cache.reserve_cuda`: the driver's virtual memory management,
-granules of 2 MiB mapped as rows are added and cleared on the current stream; its GPU tests passed on an
-H100 in session 21, ``lab/results/v2_session21/``);
-by default CUDA pools grow by a device copy in fixed pages (``docs/CACHE.md`` "Memory").
+back to an ordinary tensor, which grows by copying as before. CUDA tensors too, wherever the driver's VMM
+calls load (:mod:`gaac_hf.cache.reserve_cuda`: granules of 2 MiB mapped as rows are added and cleared on the
+current stream); ``GAAC_RESERVE_CUDA=0`` turns them off, and CUDA pools then grow by a device copy in fixed
+pages (``docs/CACHE.md`` "Memory").
 """
 from __future__ import annotations
 
@@ -96,7 +95,7 @@ def _cpu_span_bytes() -> int:
 
 
 def _cuda_ok(device: torch.device) -> bool:
-    if os.environ.get("GAAC_RESERVE_CUDA", "0") != "1":
+    if os.environ.get("GAAC_RESERVE_CUDA", "1") == "0":
         return False
     from . import reserve_cuda
 
@@ -115,8 +114,8 @@ def _cpu_spans_given() -> bool:
 
 def enabled(device) -> bool:
     """Whether tensors on ``device`` are made in reservations: CPU on Linux unless ``GAAC_RESERVE=0`` (and
-    where the system gives such spans at all); CUDA only with ``GAAC_RESERVE_CUDA=1`` where the driver's
-    VMM calls load."""
+    where the system gives such spans at all); CUDA where the driver's VMM calls load unless
+    ``GAAC_RESERVE_CUDA=0``."""
     device = torch.device(device)
     if device.type == "cpu":
         return (sys.platform.startswith("linux") and os.environ.get("GAAC_RESERVE", "1") != "0"

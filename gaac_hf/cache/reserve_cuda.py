@@ -18,7 +18,8 @@ through ``ctypes`` to ``libcuda`` so that no CUDA Python package is needed.
 Status: written in a CPU-only session (20); ``tests/test_cache_reserve_gpu.py`` (marker ``gpu``: granules
 mapped in place, ``generate`` bit-identical with and without reservations, no reserved pool moves, decode
 steps free of host syncs) passed on an H100 in session 21 (``lab/results/v2_session21/pytest_gpu_v2.txt``).
-It is off unless ``GAAC_RESERVE_CUDA=1``.
+On by default from session 22 (the memory A/B of call V1: ``docs/CACHE.md`` "Memory");
+``GAAC_RESERVE_CUDA=0`` turns it off.
 Memory mapped here is outside PyTorch's caching allocator: ``torch.cuda.memory_allocated`` does not
 see it; :func:`mapped_bytes` does (``eval/memory_report.py --gpu`` adds it).
 """
