@@ -4,7 +4,7 @@
 
 kernels/cuda/gaac_v3/kernels.cu built with -DGAAC_V3_COUNT adds gaac_v3_count_item, a loop-free twin
 of one work item of the product decoder gaac_v3_decode (it calls the same decode_item): the main path
-of a window of WINDOW_SEGS segments (a block cut into ceil(segments / 8) equal windows) and its fix-up with exactly k unrolled 32-entry
+of a window of WINDOW_SEGS segments (4 where a segment's values are contiguous, else a block cut into ceil(segments / 8) equal windows) and its fix-up with exactly k unrolled 32-entry
 steps (-DGAAC_V3_COUNT_STEPS=k). Loop-free, so the static SASS count is what one warp issues. With
 c1, c2 the counts for k = 1, 2: step = c2 - c1, rest = c1 - step, and
 
@@ -122,7 +122,7 @@ def measure(head_dim: int, tmp: str, p_wide: float, block_t: int = 64) -> dict:
     chunks = (block_t // 4) * (head_dim // 8)
     segs = -(-chunks // 32)
     nwin = -(-segs // 8)
-    win = -(-segs // nwin)  # kernels.cu WINDOW_SEGS
+    win = min(4, segs) if 32 % (head_dim // 8) == 0 else -(-segs // nwin)  # kernels.cu WINDOW_SEGS (BF16)
     cost = values = 0.0
     for w0 in range(0, segs, win):
         ch = min(chunks, 32 * (w0 + win)) - 32 * w0

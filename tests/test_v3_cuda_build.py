@@ -14,9 +14,9 @@ import sass_decoder  # noqa: E402
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (no GPU needed)")
 
-#: registers per thread: the decoder runs 4 CTAs of 256 threads per SM (64 registers), decode-and-reduce 3 (80), the encoder 32 * segments threads,
+#: registers per thread: the decoder and decode-and-reduce run 8 CTAs of 128 threads per SM (64 registers), the encoder 32 * segments threads,
 #: the pack copy 256 threads (a copy loop)
-BUDGET = {"gaac_v3_decode": 64, "gaac_v3_decode_reduce": 80, "gaac_v3_encode": 96, "gaac_v3_pack": 32}
+BUDGET = {"gaac_v3_decode": 64, "gaac_v3_decode_reduce": 64, "gaac_v3_encode": 96, "gaac_v3_pack": 32}
 
 
 @pytest.mark.parametrize("head_dim", [16, 64, 80, 96, 112, 128, 256])
@@ -28,7 +28,8 @@ def test_kernels_compile_without_local_memory(tmp_path, head_dim):
     assert set(rep) == set(BUDGET), rep
     for name, res in rep.items():
         assert res["stack"] == res["spill_stores"] == res["spill_loads"] == 0, (name, res)
-        assert res["registers"] <= BUDGET[name], (name, res)
+        budget = 80 if name == "gaac_v3_decode_reduce" and 32 % (head_dim // 8) else BUDGET[name]  # whole windows
+        assert res["registers"] <= budget, (name, res)
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
@@ -56,7 +57,7 @@ def test_nvrtc_compiles_the_launcher_source(tmp_path, monkeypatch, head_dim):
 
 
 # ---- FP8 tiles: the same kernels.cu built with -DGAAC_FP8=1 (E4M3) | 2 (E5M2) ----
-#: registers per thread of the FP8 builds: the decoder as BF16's (4 x 256 threads per SM), the encoder's
+#: registers per thread of the FP8 builds: the decoder as BF16's (8 x 128 threads per SM), the encoder's
 #: 32 * segments threads (39 from 2 segments up; 61 at head_dim 16, a one-warp CTA), the pack copy (19);
 #: there is no decode-and-reduce kernel
 FP8_BUDGET = {"gaac_v3_decode": 64, "gaac_v3_encode": 64, "gaac_v3_pack": 32}
@@ -90,10 +91,10 @@ def test_fp8_kernels_compile_without_local_memory(tmp_path, dtype, head_dim):
 
 
 def test_fp8_planted_spill_is_caught(tmp_path):
-    """8 decoder CTAs of 256 threads per SM cap it at 32 registers: it spills, and the check says so."""
+    """16 decoder CTAs of 128 threads per SM cap it at 32 registers: it spills, and the check says so."""
     from gaac_hf.kernels.cuda import runtime
 
-    rep = _fp8_build(tmp_path, "fp8_e5m2", 128, DECODE_MIN_CTAS=8)
+    rep = _fp8_build(tmp_path, "fp8_e5m2", 128, DECODE_MIN_CTAS=16)
     problems = runtime.resource_problems({"gaac_v3_decode": rep["gaac_v3_decode"]}, FP8_BUDGET["gaac_v3_decode"])
     assert any("local memory" in p for p in problems), rep
 

@@ -18,7 +18,7 @@ from gaac_hf.format.v3 import ALIGN, GeometryV3
 
 from . import runtime
 
-DECODE_THREADS = 256
+DECODE_THREADS = 128  # kernels.cu's DECODE_THREADS default (4 warps: staged 4-segment windows in 32 KB)
 
 
 SOURCE = "gaac_v3/kernels.cu"  # includes its neighbour core.cuh: the one copy of the bit logic

@@ -31,14 +31,24 @@ sys.path.insert(0, str(REPO / "eval"))  # after the package imports: the repo ro
 from bench_codec_v3 import tile_pool, timed, widen  # noqa: E402
 
 
+W1_GRID = False
+
+
 def variants(segs: int) -> list[dict]:
+    """Call W2 (session 22): the old default, W1's best and the bulk-store candidates (DECODE_THREADS 128 fits
+    4-segment staged windows in 32 KB); --w1 gives call W1's grid."""
+    if not W1_GRID:
+        whole = (segs + (segs + 7) // 8 - 1) // ((segs + 7) // 8)
+        v = lambda w, m, s, t: dict(WINDOW_SEGS=min(w, segs), DECODE_MIN_CTAS=m, REDUCE_MIN_CTAS=m, DECODE_STAGE=s, DECODE_THREADS=t)  # noqa: E731
+        return [v(whole, 4, 0, 256), v(2, 4, 1, 256), v(2, 4, 2, 256), v(4, 8, 2, 128), v(4, 8, 1, 128), v(2, 8, 2, 128),
+                v(4, 10, 2, 128)]
     out = []
     for win in sorted({1, 2, 4, min(8, segs)}):
         for m in (2, 3, 4):
-            out.append(dict(WINDOW_SEGS=win, DECODE_MIN_CTAS=m, REDUCE_MIN_CTAS=m, DECODE_STAGE=0))
+            out.append(dict(WINDOW_SEGS=win, DECODE_MIN_CTAS=m, REDUCE_MIN_CTAS=m, DECODE_STAGE=0, DECODE_THREADS=256))
     for win in (1, 2):
         for m in (2, 4):
-            out.append(dict(WINDOW_SEGS=win, DECODE_MIN_CTAS=m, REDUCE_MIN_CTAS=3, DECODE_STAGE=1))
+            out.append(dict(WINDOW_SEGS=win, DECODE_MIN_CTAS=m, REDUCE_MIN_CTAS=3, DECODE_STAGE=1, DECODE_THREADS=256))
     return out
 
 
@@ -71,9 +81,10 @@ def run_d(x, b8, b16, gbytes, reps, flush) -> dict:
         mod = runtime.load(cu.SOURCE, base | v, dev)
         build_s = time.time() - t0
         nwin = -(-g.segments // v["WINDOW_SEGS"])
-        grid = max(1, min(-(-(n * nwin) // (cu.DECODE_THREADS // 32)), 16 * sms))
+        th = v["DECODE_THREADS"]
+        grid = max(1, min(-(-(n * nwin) // (th // 32)), 16 * sms))
         args_dec = (bigpool, bigent, b8p, dbp, np.int32(stride), out, np.int32(n))
-        dec = lambda: runtime.launch(mod, "gaac_v3_decode", (grid,), (cu.DECODE_THREADS,), 0, *args_dec, device=dev)  # noqa: E731
+        dec = lambda: runtime.launch(mod, "gaac_v3_decode", (grid,), (th,), 0, *args_dec, device=dev)  # noqa: E731
         out.view(torch.int16).fill_(0x7FA5)
         dec()
         torch.cuda.synchronize()
@@ -81,7 +92,7 @@ def run_d(x, b8, b16, gbytes, reps, flush) -> dict:
         t_dec = timed(dec, reps, flush)
         fold = torch.zeros(grid, dtype=torch.int32, device=dev)
         args_red = (bigpool, bigent, b8p, dbp, np.int32(stride), fold, np.int32(n))
-        red = lambda: runtime.launch(mod, "gaac_v3_decode_reduce", (grid,), (cu.DECODE_THREADS,), 0, *args_red, device=dev)  # noqa: E731
+        red = lambda: runtime.launch(mod, "gaac_v3_decode_reduce", (grid,), (th,), 0, *args_red, device=dev)  # noqa: E731
         red()
         torch.cuda.synchronize()
         red_exact = cu.xor_fold(fold) == want_fold
@@ -97,7 +108,7 @@ def run_d(x, b8, b16, gbytes, reps, flush) -> dict:
                  reduce_values_per_s=float(f"{nbytes / 2 / t_red:.4g}"), decode_exact=exact, reduce_exact=bool(red_exact),
                  median_s={"decode": t_dec, "reduce": t_red}, regs=regs, build_s=round(build_s, 2))
         rows.append(r)
-        print(f"d={g.head_dim} W{v['WINDOW_SEGS']} M{v['DECODE_MIN_CTAS']} S{v['DECODE_STAGE']}: decode {r['decode_GBps']:7.1f} GB/s "
+        print(f"d={g.head_dim} W{v['WINDOW_SEGS']} M{v['DECODE_MIN_CTAS']} S{v['DECODE_STAGE']} T{th}: decode {r['decode_GBps']:7.1f} GB/s "
               f"({100 * r['fraction_of_bound']:5.1f}% of {bound:.0f}) exact {exact}; reduce {r['reduce_values_per_s']:.3g}/s "
               f"exact {red_exact}; regs {regs}", flush=True)
     del out, xt
@@ -112,7 +123,10 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--head-dims", default="64,128,256")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--w1", action="store_true", help="call W1's grid of knobs")
     args = ap.parse_args()
+    global W1_GRID
+    W1_GRID = args.w1
     dev = torch.device("cuda")
     kv = torch.load(args.kv)
     x, b8, b16 = kv["x"].to(dev), kv["b8"].to(dev), kv["b16"].to(dev)

@@ -22,14 +22,15 @@
 #ifndef HEAD_DIM
 #error "HEAD_DIM must be defined"
 #endif
-#ifndef DECODE_THREADS
-#define DECODE_THREADS 256
+#ifndef DECODE_THREADS  // 128: four warps with 4-segment staged windows fit 32 KB of static shared memory
+#define DECODE_THREADS 128
 #endif
-#ifndef DECODE_MIN_CTAS  // 4 x 256 threads per SM: caps the decoder at 64 registers (50% occupancy)
-#define DECODE_MIN_CTAS 4
+#ifndef DECODE_MIN_CTAS  // 1,024 threads per SM: caps the decoder at 64 registers (50% occupancy)
+#define DECODE_MIN_CTAS (1024 / DECODE_THREADS)
 #endif
-#ifndef REDUCE_MIN_CTAS  // decode-and-reduce keeps a row's wrong and right words too: 3 CTAs, <= 80 registers
-#define REDUCE_MIN_CTAS 3
+#ifndef REDUCE_MIN_CTAS  // decode-and-reduce keeps a row's wrong and right words too: 64 registers at 4-segment
+// windows, 80 at the whole windows of head_dims whose segments are not contiguous (80, 96, 112)
+#define REDUCE_MIN_CTAS ((32 % (HEAD_DIM / 8) ? 768 : 1024) / DECODE_THREADS)
 #endif
 
 namespace {
@@ -54,30 +55,43 @@ static_assert(GEO.entry_off <= CAP, "the fixed part of a block fits the row");
 static_assert(D % 16 == 0 && D <= 256, "HEAD_DIM must be a multiple of 16 up to 256");
 static_assert(GEO.segs <= 32, "the encoder runs one warp per segment in one CTA");
 
-// segments per warp work item (the fix-up walks their entry lists as one list): a block is cut into
-// ceil(segs / 8) windows of equal size (the whole block up to 8 segments), so no window is much
-// shorter than the others (a short window pays the fixed cost of an item for few values)
+// segments per warp work item (the fix-up walks their entry lists as one list). BF16: 4 (call W1, H100, session
+// 22, lab/results/w1_session22/: staged, the decoder runs at 92% of its read+write bound at 1 or 2 segments
+// against 62-73% at the old whole-block windows: more items per block means more warps with loads in flight,
+// which the 64-register cap cannot give one warp; 4 with the bulk store keeps the per-window fixed cost under
+// 0.15 warp-instructions per value, eval/sass_decoder.py; call W2 measures it against 2). FP8 tiles keep the old rule, not measured again: a block cut into ceil(segs / 8) windows of equal
+// size (the whole block up to 8 segments), so no window is much shorter than the others; so do BF16 head_dims
+// whose segments are not contiguous (80, 96, 112: not staged).
+#define GAAC_WHOLE_WINDOWS ((make_geom(T, D).segs + (make_geom(T, D).segs + 7) / 8 - 1) / ((make_geom(T, D).segs + 7) / 8))
 #ifndef WINDOW_SEGS
-#define WINDOW_SEGS ((make_geom(T, D).segs + (make_geom(T, D).segs + 7) / 8 - 1) / ((make_geom(T, D).segs + 7) / 8))
+#ifdef GAAC_FP8
+#define WINDOW_SEGS GAAC_WHOLE_WINDOWS
+#else  // staged geometries (a segment's values contiguous: 32 % (D / 8) == 0); the others keep whole windows
+#define WINDOW_SEGS (SEG_CHUNKS % (D / GROUP) ? GAAC_WHOLE_WINDOWS : make_geom(T, D).segs < 4 ? make_geom(T, D).segs : 4)
+#endif
 #endif
 constexpr int WIN = WINDOW_SEGS;
 constexpr int NWIN = (make_geom(T, D).segs + WIN - 1) / WIN;
 constexpr bool FULL = make_geom(T, D).chunks % SEG_CHUNKS == 0;  // every segment has 32 chunks
 constexpr bool COL_FIXED = SEG_CHUNKS % (D / GROUP) == 0;      // a lane's column is the same in every segment
-// DECODE_STAGE = 1: the standalone decoder writes a window's BF16 values into its warp's shared-memory buffer, the
+// DECODE_STAGE = 1 or 2: the standalone decoder writes a window's BF16 values into its warp's shared-memory buffer, the
 // fix-up patches them there, and the warp then copies the window to global memory with 16-byte stores, 512
 // contiguous bytes per warp instruction. Without it the main path stores to global memory and the fix-up reads
 // those stores back (a read-modify-write through L2 per listed group). Only where a window's values are
 // contiguous in the block (COL_FIXED: a segment is 1,024 consecutive values) and the buffers fit static shared
-// memory; BF16 tiles only. Lab sweep: lab/experiments/codec_v3_sweep.py.
+// memory; BF16 tiles only. 2: the copy-out is one bulk store by the copy engine (cp.async.bulk shared -> global,
+// issued by lane 0; the buffer is reused once the engine has read it) instead of 16-byte stores by every lane:
+// ~40 fewer instructions per window (the design of FA3's / CUTLASS's TMA epilogue store, in our own code). The default from call W1 (lab/experiments/codec_v3_sweep.py; 62% -> 92% of the bound at
+// head_dim 128 on an H100, bit-exact in every variant).
 #ifndef DECODE_STAGE
-#define DECODE_STAGE 0
+#define DECODE_STAGE 2
 #endif
 #ifdef GAAC_FP8
 constexpr bool STAGE = false;
 #else
-constexpr bool STAGE = DECODE_STAGE == 1 && COL_FIXED && (DECODE_THREADS / 32) * WIN * 2048 <= 48 * 1024;
+constexpr bool STAGE = (DECODE_STAGE == 1 || DECODE_STAGE == 2) && COL_FIXED && (DECODE_THREADS / 32) * WIN * 2048 <= 48 * 1024;
 #endif
+constexpr bool STAGE_BULK = STAGE && DECODE_STAGE == 2;
 constexpr int STAGE_VALUES = STAGE ? WIN * 1024 : 1;  // a warp's buffer (values)
 
 __device__ __forceinline__ uint32_t ld32(const uint8_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
@@ -85,6 +99,16 @@ __device__ __forceinline__ uint4 ld128(const void* p) { return *reinterpret_cast
 __device__ __forceinline__ void st128(void* p, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
   *reinterpret_cast<uint4*>(p) = make_uint4(a, b, c, d);
 }
+// the bulk store of a staged window (sm_90): smem written by the lanes' ordinary stores is handed to the copy
+// engine's proxy by a fence in every writing lane, then one lane issues the copy
+__device__ __forceinline__ void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_store_s2g(void* dst, const void* src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n"
+               "cp.async.bulk.commit_group;\n" ::"l"(dst), "r"(static_cast<uint32_t>(__cvta_generic_to_shared(src))), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 #ifdef GAAC_FP8
 __device__ __forceinline__ void st64(void* p, uint32_t a, uint32_t b) { *reinterpret_cast<uint2*>(p) = make_uint2(a, b); }
 // chunk c's sign/mantissa record: E4M3 one 16-byte load, E5M2 three words (12-byte records)
@@ -280,14 +304,23 @@ __device__ __forceinline__ void decode_item(const uint8_t* __restrict__ pool, lo
   if constexpr (STAGE && MODE == MODE_STORE) {
     __shared__ __align__(16) value_t stage_buf[DECODE_THREADS / 32][STAGE_VALUES];
     value_t* sbuf = stage_buf[threadIdx.x >> 5];
-    __syncwarp();  // the previous item's copy-out has read the buffer
+    if constexpr (STAGE_BULK) {
+      if (lane == 0) bulk_wait_read();  // the previous item's bulk store has read the buffer
+    }
+    __syncwarp();  // ... and every lane's copy-out of it is done
     window_main<MODE>(blk, s_lo, lane, b8row, o, sbuf, acc);
     window_fix<MODE>(blk, s_lo, lane, b8row, dbp + (size_t)i * base_stride, o, sbuf, acc);
-    __syncwarp();  // every lane's values and fixes are in the buffer
     const int v_lo = 1024 * s_lo, v_hi = v_lo + STAGE_VALUES < NUMEL ? v_lo + STAGE_VALUES : NUMEL;
-    GAAC_UNROLL
-    for (int v = 8 * lane; v < STAGE_VALUES; v += 256)
-      if (v_lo + v < v_hi) *reinterpret_cast<uint4*>(o + v_lo + v) = *reinterpret_cast<const uint4*>(sbuf + v);
+    if constexpr (STAGE_BULK) {
+      fence_proxy_async_smem();
+      __syncwarp();  // every lane's values and fixes are in the buffer, visible to the copy engine
+      if (lane == 0) bulk_store_s2g(o + v_lo, sbuf, 2u * static_cast<uint32_t>(v_hi - v_lo));
+    } else {
+      __syncwarp();  // every lane's values and fixes are in the buffer
+      GAAC_UNROLL
+      for (int v = 8 * lane; v < STAGE_VALUES; v += 256)
+        if (v_lo + v < v_hi) *reinterpret_cast<uint4*>(o + v_lo + v) = *reinterpret_cast<const uint4*>(sbuf + v);
+    }
   } else {
     window_main<MODE>(blk, s_lo, lane, b8row, o, nullptr, acc);
     window_fix<MODE>(blk, s_lo, lane, b8row, dbp + (size_t)i * base_stride, o, nullptr, acc);
@@ -319,6 +352,9 @@ extern "C" __global__ void __launch_bounds__(DECODE_THREADS, DECODE_MIN_CTAS)
 gaac_v3_decode(const uint8_t* __restrict__ pool, const long long* __restrict__ entries, const uint32_t* __restrict__ b8p,
                const uint32_t* __restrict__ dbp, int base_stride, value_t* __restrict__ out, int n_blocks) {
   run_items<MODE_STORE>(pool, entries, b8p, dbp, base_stride, out, n_blocks);
+  if constexpr (STAGE_BULK) {
+    if ((threadIdx.x & 31) == 0) bulk_wait_all();  // the buffers stay alive until the engine is done
+  }
 }
 
 #ifndef GAAC_FP8
