@@ -17,6 +17,8 @@
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
+#define GAAC_HOST_SHIM 1  // kernels.cu: the copy engine's bulk store becomes a memcpy (see bulk_store_s2g)
 
 struct uint4 { uint32_t x, y, z, w; };
 struct uint2 { uint32_t x, y; };

@@ -101,6 +101,13 @@ __device__ __forceinline__ void st128(void* p, uint32_t a, uint32_t b, uint32_t 
 }
 // the bulk store of a staged window (sm_90): smem written by the lanes' ordinary stores is handed to the copy
 // engine's proxy by a fence in every writing lane, then one lane issues the copy
+// (the host shim's build, tests/test_v3_kernels_host.py, runs the same lane roles with a synchronous memcpy)
+#ifdef GAAC_HOST_SHIM
+inline void fence_proxy_async_smem() {}
+inline void bulk_store_s2g(void* dst, const void* src, uint32_t bytes) { std::memcpy(dst, src, bytes); }
+inline void bulk_wait_read() {}
+inline void bulk_wait_all() {}
+#else
 __device__ __forceinline__ void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 __device__ __forceinline__ void bulk_store_s2g(void* dst, const void* src, uint32_t bytes) {
   asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n"
@@ -109,6 +116,7 @@ __device__ __forceinline__ void bulk_store_s2g(void* dst, const void* src, uint3
 }
 __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+#endif
 #ifdef GAAC_FP8
 __device__ __forceinline__ void st64(void* p, uint32_t a, uint32_t b) { *reinterpret_cast<uint2*>(p) = make_uint2(a, b); }
 // chunk c's sign/mantissa record: E4M3 one 16-byte load, E5M2 three words (12-byte records)
