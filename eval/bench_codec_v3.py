@@ -1,6 +1,6 @@
 """GPU benchmark of the v3 CUDA codec on real SmolLM2 K/V (one process, one device call, < 5 minutes).
 
-    python eval/bench_codec_v3.py --kv .kvdump/smollm2_kv_v3.pt [--out eval/results/codec_v3_h200.json]
+    python eval/bench_codec_v3.py --kv .kvdump/smollm2_kv_v3.pt [--out eval/results/codec_v3_<card>.json]
 
 The K/V file (blocks [N, 64, 64] BF16 + per-block base8/base16) is written on the CPU by
 ``python eval/compression_v3.py --dump .kvdump/smollm2_kv_v3.pt`` (never committed; carry it).
@@ -116,7 +116,7 @@ def main(argv=None) -> int:
     ap.add_argument("--gbytes", type=float, default=1.0)
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--head-dims", default="64,128,256")
-    ap.add_argument("--out", default=str(REPO / "eval" / "results" / "codec_v3_h200.json"))
+    ap.add_argument("--out", default=None, help="default: eval/results/codec_v3_<card>.json (h100, h200)")
     args = ap.parse_args(argv)
     reason = cu.why_unavailable()
     if reason:
@@ -151,9 +151,12 @@ def main(argv=None) -> int:
         "definitions": __doc__.split("\n\n")[3].strip(),
         "seconds": round(time.time() - t0, 1),
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    gpu = result["gpu"]
+    card = "h100" if "H100" in gpu else "h200" if "H200" in gpu else gpu.lower().replace(" ", "-")
+    out = Path(args.out or REPO / "eval" / "results" / f"codec_v3_{card}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {out}")
     return 0 if result["bit_exact"] else 1
 
 

@@ -17,6 +17,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import shlex
 import subprocess
 import sys
@@ -60,6 +61,17 @@ def versions() -> dict:
 
 def gpu_name() -> str:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+
+
+def gpu_tag() -> str:
+    """Short card name for result file names: ``h100``, ``h200``, else the device name in lower case
+    without spaces (``cpu`` without a GPU). Files say which card measured them; a run on another card
+    never overwrites a file named for the card a target was set on."""
+    name = gpu_name()
+    for tag in ("H100", "H200"):
+        if tag in name:
+            return tag.lower()
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 
 def provenance(shapes=None, argv: list[str] | None = None) -> dict:

@@ -11,7 +11,7 @@ the largest allocated/DynamicCache ratio from 128 tokens and from 4,096 tokens o
 tensor bytes of ``generate()`` (``gaac_hf.cache.memory.TensorBytesMeter``) with GAACCache and with
 DynamicCache, same prompt, same tokens.
 
-GPU (``--gpu``; writes ``eval/results/memory_h200.json``)::
+GPU (``--gpu``; writes ``eval/results/memory_<card>.json``, e.g. ``memory_h100.json``)::
 
     python eval/memory_report.py --gpu [--contexts 32768 65536] [--gpu-layers 36]
 
@@ -172,7 +172,7 @@ def gpu_report(args) -> None:
     data = {"what": "torch.cuda.max_memory_allocated of generate() (prefill + new tokens), GAACCache + gaac "
                     "vs DynamicCache + sdpa, random-init Qwen3-8B-shaped model",
             "layers": args.gpu_layers, "rows": rows}
-    print(harness.write_result(args.out or harness.RESULTS / "memory_h200.json", data,
+    print(harness.write_result(args.out or harness.RESULTS / f"memory_{harness.gpu_tag()}.json", data,
                                shapes={"layers": args.gpu_layers, "kv_heads": 8, "head_dim": 128}))
 
 
