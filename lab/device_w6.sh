@@ -1,0 +1,21 @@
+#!/bin/bash
+# Session 23, call W6 (H100, <= 540 s): the split merge spread over `parts` threads per item (attend.cuh finish).
+# 1. GPU tests of every kernel that calls finish (twin, v3 fused, v4 fused, graphs): bit identity fused == twin.
+# 2. Grid rows (both pool layouts) with the new merge, then the same rows with the merge before (HEAD's attend.cuh
+#    swapped in; the kernel cache keys on every header, so it recompiles).
+# Prediction: tests pass; SmolLM2 B=1 16K / 32K 3-5% faster (13.2 -> ~12.6 us, 18.4 -> ~17.7; cuDNN 13.0 / 17.7);
+# Gemma3 B=1 16K unchanged (256 items > 128 threads: parts = 1); Qwen3 rows within noise (+-1%).
+export PYTHONUNBUFFERED=1 GAAC_COMMIT="$1" GAAC_DIRTY=0
+T0=$(date +%s)
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -q H100 && echo h100 || echo h200)
+nvidia-smi --query-gpu=name --format=csv,noheader | head -1
+python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "pip -e failed"
+timeout 240 python3 -m pytest -q -m gpu -x tests/test_cuda_attention.py tests/test_cuda_fused.py tests/test_v4_gpu.py \
+  tests/test_cuda_graphs_gpu.py 2>&1 | tail -4
+echo "tests done after $(( $(date +%s) - T0 )) s"
+ROWS="smollm2-135m:1:16384 smollm2-135m:1:32768 smollm2-135m:1:65536 smollm2-135m:16:32768 gemma3:1:16384 gemma3:1:65536 qwen3-8b:1:16384 qwen3-8b:1:65536 qwen3-8b:4:65536"
+timeout 150 python3 eval/bench_attention_v4.py --grid-cases $ROWS --layouts shuffled in_order --out $OUT/attention_rows_${GPU}_merge_parts.json 2>&1 | tail -12
+echo "new done after $(( $(date +%s) - T0 )) s"
+cp lab/session23/attend_before_merge.cuh kernels/cuda/include/gaac/attend.cuh
+timeout 150 python3 eval/bench_attention_v4.py --grid-cases $ROWS --layouts shuffled in_order --out $OUT/attention_rows_${GPU}_merge_before.json 2>&1 | tail -12
+echo "done after $(( $(date +%s) - T0 )) s"
