@@ -4,7 +4,9 @@
 # 2. Grid rows (both pool layouts) with the new merge, then the same rows with the merge before (HEAD's attend.cuh
 #    swapped in; the kernel cache keys on every header, so it recompiles).
 # Prediction: tests pass; SmolLM2 B=1 16K / 32K 3-5% faster (13.2 -> ~12.6 us, 18.4 -> ~17.7; cuDNN 13.0 / 17.7);
+# 3. Gemma3 launch sweep with W4 x 3 stages x 1 CTA added (fits d=256's 8 KB slots: 204 KB; the twin's own launch).
 # Gemma3 B=1 16K unchanged (256 items > 128 threads: parts = 1); Qwen3 rows within noise (+-1%).
+# Sweep: W4 S3 x1 ~10% faster than W4 S2 at Gemma3 16K (24.3 -> ~22 us; twin 22.6 -> 19.4 from the same change), less at 64K.
 export PYTHONUNBUFFERED=1 GAAC_COMMIT="$1" GAAC_DIRTY=0
 T0=$(date +%s)
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -q H100 && echo h100 || echo h200)
@@ -18,4 +20,8 @@ timeout 150 python3 eval/bench_attention_v4.py --grid-cases $ROWS --layouts shuf
 echo "new done after $(( $(date +%s) - T0 )) s"
 cp lab/session23/attend_before_merge.cuh kernels/cuda/include/gaac/attend.cuh
 timeout 150 python3 eval/bench_attention_v4.py --grid-cases $ROWS --layouts shuffled in_order --out $OUT/attention_rows_${GPU}_merge_before.json 2>&1 | tail -12
+echo "before done after $(( $(date +%s) - T0 )) s"
+cp lab/session23/attend_after_merge.cuh kernels/cuda/include/gaac/attend.cuh
+timeout 90 python3 eval/bench_attention_v4.py --sweep-only --sweep-cases gemma3:1:16384 gemma3:1:32768 gemma3:1:65536 \
+  --out $OUT/attention_v4_sweep_gemma3_${GPU}.json 2>&1 | grep -E "sweep gemma3|rror" | sed 's/.num_warps/ W/'
 echo "done after $(( $(date +%s) - T0 )) s"

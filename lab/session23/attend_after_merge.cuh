@@ -1,0 +1,359 @@
+// gaac/attend.cuh -- the attention arithmetic of one warp (one job: 16 staged K/V rows -> softmax
+// state; then the warp and split merges). Shared by the BF16 kernel (decode_attention.cu) and the
+// fused GAAC v3 kernel (decode_attention_v3.cu): both feed the MMAs from the same padded
+// shared-memory rows through the same code, so for the same launch (warps, split boundaries) they
+// do the same floating-point operations in the same order, and a fused output that differs from
+// the BF16 twin's in any bit means the fused kernel decoded a K/V bit wrong.
+//
+// Swap-AB (FlashInfer's SM90 MLA decode trick, our own code): with G <= 16 query heads per kv head,
+// K/V rows are the MMA's M side and the heads its N side: S^T = K Q^T, O^T = V^T P^T.
+//
+// The includer defines HEAD_DIM, GROUP, WARPS before including.
+#pragma once
+#include "ptx.cuh"
+
+namespace gaac {
+namespace attend {
+
+constexpr int D = HEAD_DIM;
+constexpr int G = GROUP;
+constexpr int W = WARPS;
+constexpr int NT = (G + 7) / 8;  // MMA n-tiles of 8 query heads
+constexpr int KS = D / 16;       // k-steps of S^T = K Q^T, m-tiles of O^T
+constexpr int ROW = D + 8;       // smem row stride in b16: +16 B keeps ldmatrix conflict-free
+constexpr int THREADS = 32 * W;
+#define GAAC_NEG_INF (-__int_as_float(0x7f800000))
+
+static_assert(D % 16 == 0 && D >= 16 && D <= 256, "HEAD_DIM must be a multiple of 16 up to 256");
+static_assert(G >= 1 && G <= 16, "GROUP must be 1..16");
+
+struct NoHook {
+  __device__ __forceinline__ void operator()() const {}
+};
+
+// One warp's running softmax state over the rows it has seen, and Q^T as MMA B fragments.
+struct WarpState {
+  float o[KS][NT][4];
+  float m_run[NT][2], l_run[NT][2];
+  u32 qf[NT][KS][2];
+
+  __device__ __forceinline__ void init() {
+#pragma unroll
+    for (int m = 0; m < KS; ++m)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) o[m][nt][j] = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      m_run[nt][0] = m_run[nt][1] = GAAC_NEG_INF;
+      l_run[nt][0] = l_run[nt][1] = 0.f;
+    }
+  }
+
+  // Q^T as B fragments: b0 = Q[head g][16k + 2t4 .. +1], b1 = Q[head g][16k + 8 + 2t4 .. +1].
+  // q_heads: the G query heads of this kv head, [G, D].
+  __device__ __forceinline__ void load_q(const u16* q_heads, int lane) {
+    const int g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int head = nt * 8 + g;
+      const u32* qrow = reinterpret_cast<const u32*>(q_heads + head * D);
+#pragma unroll
+      for (int k = 0; k < KS; ++k) {
+        qf[nt][k][0] = head < G ? __ldg(qrow + (16 * k + 2 * t4) / 2) : 0u;
+        qf[nt][k][1] = head < G ? __ldg(qrow + (16 * k + 8 + 2 * t4) / 2) : 0u;
+      }
+    }
+  }
+
+  // Attend to 16 rows staged in shared memory: ks / vs = row 0 of K / V (row stride ROW); row r is
+  // position tok0 + r, used only if lo <= tok0 + r < hi (a masked V row must hold finite values).
+  // after_k() runs once the K rows have been read (S is in registers): a warp-specialised caller
+  // signals there that the K buffer may be refilled while this warp still works on V. It adds no
+  // arithmetic, so the result is the same with or without it.
+  template <class AfterK = NoHook>
+  __device__ __forceinline__ void rows(const u16* ks, const u16* vs, int tok0, int lo, int hi, int lane,
+                                       float scale_log2, AfterK after_k = AfterK()) {
+    // ldmatrix lane addressing (see the PTX ISA fragment layouts):
+    // K as A (row-major 16x16): rows (lane & 7) + 8 * ((lane >> 3) & 1), cols 8 * (lane >> 4)
+    const int ka_row = (lane & 7) + ((lane >> 3) & 1) * 8, ka_col = (lane >> 4) * 8;
+    // V^T as A via .trans: stored rows (tokens) (lane & 7) + 8 * (lane >> 4), cols 8 * ((lane >> 3) & 1)
+    const int va_row = (lane & 7) + (lane >> 4) * 8, va_col = ((lane >> 3) & 1) * 8;
+    rows_from([&](int k, u32 (&a)[4]) { ldmatrix_x4(a, ks + ka_row * ROW + 16 * k + ka_col); },
+              [&](int m, u32 (&a)[4]) { ldmatrix_x4_trans(a, vs + va_row * ROW + 16 * m + va_col); }, tok0, lo, hi,
+              lane, scale_log2, after_k);
+  }
+
+  // The same arithmetic on A fragments from any source: k_frag(k, a) gives K's m16n8k16 A fragment of
+  // k-step k (rows = the 16 tokens, cols = channels 16k..16k+15), v_frag(m, a) V^T's of m-tile m (rows =
+  // channels 16m..16m+15, cols = the 16 tokens), in the PTX ISA register layout (register 0: row lane/4,
+  // cols 2(lane%4), +1; register 1: row + 8; registers 2, 3: cols + 8). Called in order k = 0..KS-1, then
+  // m = 0..KS-1; a kernel that decodes straight into registers feeds the MMAs through here, so its output
+  // is bit-identical to the ldmatrix path for the same fragments.
+  template <class KFrag, class VFrag, class AfterK = NoHook>
+  __device__ __forceinline__ void rows_from(KFrag k_frag, VFrag v_frag, int tok0, int lo, int hi, int lane,
+                                            float scale_log2, AfterK after_k = AfterK()) {
+    const int g = lane >> 2;
+
+    // S^T[16 tokens x 8 heads] per n-tile
+    float sacc[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) sacc[nt][j] = 0.f;
+#pragma unroll
+    for (int k = 0; k < KS; ++k) {
+      u32 a[4];
+      k_frag(k, a);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) mma_bf16_16816(sacc[nt], a, qf[nt][k][0], qf[nt][k][1]);
+    }
+    after_k();
+
+    // online softmax: this lane holds tokens g and g + 8, heads 2*t4 and 2*t4 + 1 of each n-tile
+    const bool ok0 = tok0 + g >= lo && tok0 + g < hi;
+    const bool ok1 = tok0 + g + 8 >= lo && tok0 + g + 8 < hi;
+    u32 pb[NT][2];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      float s[4];
+      s[0] = ok0 ? sacc[nt][0] * scale_log2 : GAAC_NEG_INF;
+      s[1] = ok0 ? sacc[nt][1] * scale_log2 : GAAC_NEG_INF;
+      s[2] = ok1 ? sacc[nt][2] * scale_log2 : GAAC_NEG_INF;
+      s[3] = ok1 ? sacc[nt][3] * scale_log2 : GAAC_NEG_INF;
+      float mx[2] = {fmaxf(s[0], s[2]), fmaxf(s[1], s[3])};
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        mx[c] = fmaxf(mx[c], __shfl_xor_sync(0xffffffffu, mx[c], 4));
+        mx[c] = fmaxf(mx[c], __shfl_xor_sync(0xffffffffu, mx[c], 8));
+        mx[c] = fmaxf(mx[c], __shfl_xor_sync(0xffffffffu, mx[c], 16));
+      }
+      float alpha[2], ref[2];
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const float m_new = fmaxf(m_run[nt][c], mx[c]);
+        ref[c] = m_new == GAAC_NEG_INF ? 0.f : m_new;  // nothing seen yet: keep exp2 away from inf - inf
+        alpha[c] = exp2_approx(m_run[nt][c] - ref[c]);
+        m_run[nt][c] = m_new;
+      }
+      float p[4];
+      p[0] = exp2_approx(s[0] - ref[0]);
+      p[1] = exp2_approx(s[1] - ref[1]);
+      p[2] = exp2_approx(s[2] - ref[0]);
+      p[3] = exp2_approx(s[3] - ref[1]);
+      l_run[nt][0] = l_run[nt][0] * alpha[0] + (p[0] + p[2]);
+      l_run[nt][1] = l_run[nt][1] * alpha[1] + (p[1] + p[3]);
+#pragma unroll
+      for (int m = 0; m < KS; ++m) {
+        o[m][nt][0] *= alpha[0];
+        o[m][nt][1] *= alpha[1];
+        o[m][nt][2] *= alpha[0];
+        o[m][nt][3] *= alpha[1];
+      }
+      // accumulator layout (row = token, col pair = heads) -> B layout (k = token pair, n = head)
+      pb[nt][0] = movmatrix_trans(pack_bf16x2(p[0], p[1]));
+      pb[nt][1] = movmatrix_trans(pack_bf16x2(p[2], p[3]));
+    }
+
+    // O^T[d x heads] += V^T[d x 16 tokens] P^T[16 tokens x heads]
+#pragma unroll
+    for (int m = 0; m < KS; ++m) {
+      u32 a[4];
+      v_frag(m, a);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) mma_bf16_16816(o[m][nt], a, pb[nt][0], pb[nt][1]);
+    }
+  }
+};
+
+// Where a CTA's result goes: one (split, kv head, sequence) of the grid.
+struct Output {
+  float* part_o;    // [B, Hq, splits, D]
+  float* part_lse;  // [B, Hq, splits]
+  u16* out;         // [B, Hq, D]
+  int* counters;    // [B * Hkv], zero between calls
+  i64 row0;         // b * Hq + h * G: the first query head row of this CTA
+  i64 bh;           // b * Hkv + h
+  int split, splits;
+};
+
+// The tokens one CTA attends to: split `split` of sequence `b` (num_blocks full blocks of `page`
+// tokens + tail_len, the first kv_start positions masked), in tiles of `tile` rows starting at
+// `first` (a multiple of `tile`, so the BF16 and fused kernels walk the same tiles).
+struct SplitRange {
+  int nb;       // complete blocks of the sequence
+  int lo, hi;   // attended positions [lo, hi) of this split
+  int first;    // first row of the first tile
+  int n_tiles;  // tiles of `tile` rows from `first`
+};
+__device__ __forceinline__ SplitRange split_range(const int* num_blocks, const int* tail_len, const int* kv_start,
+                                                  int b, int split, int tokens_per_split, int page, int tile) {
+  SplitRange r;
+  r.nb = num_blocks[b];
+  const int len = r.nb * page + tail_len[b];
+  r.lo = kv_start != nullptr ? max(kv_start[b], 0) : 0;
+  const int s0 = split * tokens_per_split;
+  r.hi = min(s0 + tokens_per_split, len);
+  r.first = max(s0, r.lo / tile * tile);
+  r.n_tiles = r.hi > r.first ? (r.hi - r.first + tile - 1) / tile : 0;
+  return r;
+}
+
+// Merge the warps' states through shared memory (smem: the CTA's dynamic shared memory, free now,
+// at least 4 * (2 * W * NT * 8 + W * NT * 8 * D) bytes and attention.py's merge_smem_bytes()), write
+// the CTA's result, and when splits > 1 let the last CTA of this (sequence, kv head) merge every split in the same
+// launch (threadFenceReduction pattern; the counter returns to zero for the next call and for
+// CUDA-graph replays). Every thread of the CTA calls this: the W warps holding softmax states
+// (warps 0 .. W-1) and, in a warp-specialised kernel, `nthreads - THREADS` more that help merge.
+__device__ __forceinline__ void finish(const WarpState& st, unsigned char* smem, const Output& dst,
+                                       int nthreads = THREADS) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = nthreads >> 5;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int splits = dst.splits, split = dst.split;
+  float* sm_m = reinterpret_cast<float*>(smem);  // [W][NT*8]
+  float* sm_l = sm_m + W * NT * 8;               // [W][NT*8]
+  float* sm_o = sm_l + W * NT * 8;               // [W][NT*8][D]
+  if (warp < W) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      float l = st.l_run[nt][c];
+      l += __shfl_xor_sync(0xffffffffu, l, 4);
+      l += __shfl_xor_sync(0xffffffffu, l, 8);
+      l += __shfl_xor_sync(0xffffffffu, l, 16);
+      const int head = nt * 8 + 2 * t4 + c;
+      if (g == 0) {
+        sm_m[warp * NT * 8 + head] = st.m_run[nt][c];
+        sm_l[warp * NT * 8 + head] = l;
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < KS; ++m) {
+      float* base = sm_o + (warp * NT * 8 + nt * 8 + 2 * t4) * D + 16 * m + g;
+      base[0] = st.o[m][nt][0];
+      base[D] = st.o[m][nt][1];
+      base[8] = st.o[m][nt][2];
+      base[D + 8] = st.o[m][nt][3];
+    }
+  }
+  }
+  __syncthreads();
+
+  for (int i = tid; i < G * D; i += nthreads) {
+    const int head = i / D, d = i % D;
+    float mx = GAAC_NEG_INF;
+#pragma unroll
+    for (int w = 0; w < W; ++w) mx = fmaxf(mx, sm_m[w * NT * 8 + head]);
+    const float ref = mx == GAAC_NEG_INF ? 0.f : mx;
+    float l = 0.f, acc = 0.f;
+#pragma unroll
+    for (int w = 0; w < W; ++w) {
+      const float sc = exp2_approx(sm_m[w * NT * 8 + head] - ref);
+      l += sm_l[w * NT * 8 + head] * sc;
+      acc += sm_o[(w * NT * 8 + head) * D + d] * sc;
+    }
+    const i64 row = dst.row0 + head;
+    const float val = l > 0.f ? acc / l : 0.f;
+    if (splits == 1) {
+      dst.out[row * D + d] = to_bf16(val);
+    } else {
+      dst.part_o[(row * splits + split) * D + d] = val;
+      if (d == 0) dst.part_lse[row * splits + split] = l > 0.f ? ref + log2_approx(l) : GAAC_NEG_INF;
+    }
+  }
+  if (splits == 1) return;
+
+  // ---- the last CTA of this (sequence, kv head) to finish merges all splits (no second launch) ----
+  // partials stored, fence, count; the CTA that brings the count to `splits` reads everyone's
+  // partials (L2, bypassing L1) and resets the counter for the next call.
+  __shared__ int is_last;
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) {
+    const int prev = atomicAdd(dst.counters + dst.bh, 1);
+    is_last = prev == splits - 1;
+    if (is_last) dst.counters[dst.bh] = 0;
+  }
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  // weights of the splits per head in shared memory (then the float4 partials of the
+  // parts; the host sizes both with merge_smem_bytes)
+  float* wts = reinterpret_cast<float*>(smem);
+  for (int i = tid; i < G * splits; i += nthreads) wts[i] = __ldcg(dst.part_lse + dst.row0 * splits + i);
+  __syncthreads();
+  // one warp per head: lanes over the splits (max, then the normalised weights)
+  for (int head = warp; head < G; head += nwarps) {
+    float* w = wts + head * splits;
+    float mx = GAAC_NEG_INF;
+    for (int s2 = lane; s2 < splits; s2 += 32) mx = fmaxf(mx, w[s2]);
+#pragma unroll
+    for (int o2 = 16; o2 > 0; o2 >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o2));
+    const float ref = mx == GAAC_NEG_INF ? 0.f : mx;
+    float wsum = 0.f;
+    for (int s2 = lane; s2 < splits; s2 += 32) {
+      w[s2] = exp2_approx(w[s2] - ref);
+      wsum += w[s2];
+    }
+#pragma unroll
+    for (int o2 = 16; o2 > 0; o2 >>= 1) wsum += __shfl_xor_sync(0xffffffffu, wsum, o2);
+    const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
+    for (int s2 = lane; s2 < splits; s2 += 32) w[s2] *= inv;
+  }
+  __syncthreads();
+  // (head, 4 channels) items, each summed over the splits by `parts` threads (a power of two fixed by
+  // THREADS, G, D and splits only, so the fused kernels and their BF16 twin add in the same order
+  // whatever helper threads they carry). Thread (part, item) adds splits part, part + parts, ... in
+  // order into a float4 partial in shared memory; then one thread per item adds the partials in part
+  // order. SmolLM2 (G*D/4 = 48 items) used 48 of 256 threads looping over 44 splits; 4 parts cut the
+  // serial chain to 11 loads (the FlashDecoding combine spreads splits over threads the same way).
+  constexpr int D4 = D / 4;
+  const int items = G * D4;
+  int parts = 1;
+  while (2 * parts * items <= THREADS && 2 * parts <= splits) parts *= 2;
+  float4* scratch = reinterpret_cast<float4*>(smem + ((4 * G * splits + 15) & ~15));
+  for (int u = tid; u < parts * items; u += nthreads) {
+    const int part = u / items, item = u % items;
+    const int head = item / D4, d4 = item % D4;
+    const float* w = wts + head * splits;
+    const float4* po = reinterpret_cast<const float4*>(dst.part_o + (dst.row0 + head) * splits * D) + d4;
+    float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
+#pragma unroll 8
+    for (int s2 = part; s2 < splits; s2 += parts) {
+      const float4 x = __ldcg(po + s2 * D4);
+      const float ww = w[s2];
+      a0 += ww * x.x;
+      a1 += ww * x.y;
+      a2 += ww * x.z;
+      a3 += ww * x.w;
+    }
+    if (parts == 1) {
+      u32* o32 = reinterpret_cast<u32*>(dst.out + (dst.row0 + head) * D + 4 * d4);
+      o32[0] = pack_bf16x2(a0, a1);
+      o32[1] = pack_bf16x2(a2, a3);
+    } else {
+      scratch[u] = make_float4(a0, a1, a2, a3);
+    }
+  }
+  if (parts == 1) return;
+  __syncthreads();
+  for (int item = tid; item < items; item += nthreads) {
+    const int head = item / D4, d4 = item % D4;
+    float4 a = scratch[item];
+    for (int part = 1; part < parts; ++part) {
+      const float4 x = scratch[part * items + item];
+      a.x += x.x;
+      a.y += x.y;
+      a.z += x.z;
+      a.w += x.w;
+    }
+    u32* o32 = reinterpret_cast<u32*>(dst.out + (dst.row0 + head) * D + 4 * d4);
+    o32[0] = pack_bf16x2(a.x, a.y);
+    o32[1] = pack_bf16x2(a.z, a.w);
+  }
+}
+
+}  // namespace attend
+}  // namespace gaac
