@@ -24,4 +24,9 @@ echo "before done after $(( $(date +%s) - T0 )) s"
 cp lab/session23/attend_after_merge.cuh kernels/cuda/include/gaac/attend.cuh
 timeout 90 python3 eval/bench_attention_v4.py --sweep-only --sweep-cases gemma3:1:16384 gemma3:1:32768 gemma3:1:65536 \
   --out $OUT/attention_v4_sweep_gemma3_${GPU}.json 2>&1 | grep -E "sweep gemma3|rror" | sed 's/.num_warps/ W/'
+# 4. On an H200 only (issue 19's must-show names it; the device has lent H100s so far): the memory report, if time is left.
+if [ "$GPU" = h200 ] && [ $(( $(date +%s) - T0 )) -lt 390 ]; then
+  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 150 python3 eval/memory_report.py --gpu --contexts 32768 65536 \
+    --gpu-layers 12 --out $OUT/memory_h200.json 2>&1 | grep -E "gaac_vs|wrote" | sed 's/.stats.*gaac_vs/ gaac_vs/' | tail -3
+fi
 echo "done after $(( $(date +%s) - T0 )) s"
