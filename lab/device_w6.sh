@@ -22,7 +22,7 @@ cp lab/session23/attend_before_merge.cuh kernels/cuda/include/gaac/attend.cuh
 timeout 150 python3 eval/bench_attention_v4.py --grid-cases $ROWS --layouts shuffled in_order --out $OUT/attention_rows_${GPU}_merge_before.json 2>&1 | tail -12
 echo "before done after $(( $(date +%s) - T0 )) s"
 cp lab/session23/attend_after_merge.cuh kernels/cuda/include/gaac/attend.cuh
-timeout 90 python3 eval/bench_attention_v4.py --sweep-only --sweep-cases gemma3:1:16384 gemma3:1:32768 gemma3:1:65536 \
+timeout 90 python3 eval/bench_attention_v4.py --sweep-only --sweep-cases gemma3:1:16384 gemma3:1:32768 gemma3:1:65536 gemma3:4:16384 gemma3:16:32768 \
   --out $OUT/attention_v4_sweep_gemma3_${GPU}.json 2>&1 | grep -E "sweep gemma3|rror" | sed 's/.num_warps/ W/'
 # 4. On an H200 only (issue 19's must-show names it; the device has lent H100s so far): the memory report, if time is left.
 if [ "$GPU" = h200 ] && [ $(( $(date +%s) - T0 )) -lt 390 ]; then
