@@ -12,20 +12,20 @@ T0=$(date +%s)
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -q H100 && echo h100 || echo h200)
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "pip -e failed"
-timeout 240 python3 -m pytest -q -m gpu -x tests/test_cuda_attention.py tests/test_cuda_fused.py tests/test_v4_gpu.py \
+timeout 150 python3 -m pytest -q -m gpu -x tests/test_cuda_attention.py tests/test_cuda_fused.py tests/test_v4_gpu.py \
   tests/test_cuda_graphs_gpu.py 2>&1 | tail -4
 echo "tests done after $(( $(date +%s) - T0 )) s"
 ROWS="smollm2-135m:1:16384 smollm2-135m:1:32768 smollm2-135m:1:65536 smollm2-135m:16:32768 gemma3:1:16384 gemma3:1:65536 qwen3-8b:1:16384 qwen3-8b:1:65536 qwen3-8b:4:65536"
-timeout 150 python3 eval/bench_attention_v4.py --grid-cases $ROWS --layouts shuffled in_order --out $OUT/attention_rows_${GPU}_merge_parts.json 2>&1 | tail -12
+timeout 120 python3 eval/bench_attention_v4.py --grid-cases $ROWS --layouts shuffled in_order --out $OUT/attention_rows_${GPU}_merge_parts.json 2>&1 | tail -12
 echo "new done after $(( $(date +%s) - T0 )) s"
 cp lab/session23/attend_before_merge.cuh kernels/cuda/include/gaac/attend.cuh
-timeout 150 python3 eval/bench_attention_v4.py --grid-cases $ROWS --layouts shuffled in_order --out $OUT/attention_rows_${GPU}_merge_before.json 2>&1 | tail -12
+timeout 120 python3 eval/bench_attention_v4.py --grid-cases $ROWS --layouts shuffled in_order --out $OUT/attention_rows_${GPU}_merge_before.json 2>&1 | tail -12
 echo "before done after $(( $(date +%s) - T0 )) s"
 cp lab/session23/attend_after_merge.cuh kernels/cuda/include/gaac/attend.cuh
-timeout 90 python3 eval/bench_attention_v4.py --sweep-only --sweep-cases gemma3:1:16384 gemma3:1:32768 gemma3:1:65536 gemma3:4:16384 gemma3:16:32768 \
+timeout 60 python3 eval/bench_attention_v4.py --sweep-only --sweep-cases gemma3:1:16384 gemma3:1:32768 gemma3:1:65536 gemma3:4:16384 gemma3:16:32768 \
   --out $OUT/attention_v4_sweep_gemma3_${GPU}.json 2>&1 | grep -E "sweep gemma3|rror" | sed 's/.num_warps/ W/'
 # 4. On an H200 only (issue 19's must-show names it; the device has lent H100s so far): the memory report, if time is left.
-if [ "$GPU" = h200 ] && [ $(( $(date +%s) - T0 )) -lt 390 ]; then
+if [ "$GPU" = h200 ] && [ $(( $(date +%s) - T0 )) -lt 330 ]; then
   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 150 python3 eval/memory_report.py --gpu --contexts 32768 65536 \
     --gpu-layers 12 --out $OUT/memory_h200.json 2>&1 | grep -E "gaac_vs|wrote" | sed 's/.stats.*gaac_vs/ gaac_vs/' | tail -3
 fi
