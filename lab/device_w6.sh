@@ -16,10 +16,10 @@ timeout 150 python3 -m pytest -q -m gpu -x tests/test_cuda_attention.py tests/te
   tests/test_cuda_graphs_gpu.py 2>&1 | tail -4
 echo "tests done after $(( $(date +%s) - T0 )) s"
 ROWS="smollm2-135m:1:16384 smollm2-135m:1:32768 smollm2-135m:1:65536 smollm2-135m:16:32768 gemma3:1:16384 gemma3:1:65536 qwen3-8b:1:16384 qwen3-8b:1:65536 qwen3-8b:4:65536"
-timeout 120 python3 eval/bench_attention_v4.py --grid-cases $ROWS --layouts shuffled in_order --out $OUT/attention_rows_${GPU}_merge_parts.json 2>&1 | tail -12
+timeout 120 python3 eval/bench_attention_v4.py --grid-cases $ROWS --layouts shuffled in_order --budget-s 95 --out $OUT/attention_rows_${GPU}_merge_parts.json 2>&1 | tail -12
 echo "new done after $(( $(date +%s) - T0 )) s"
 cp lab/session23/attend_before_merge.cuh kernels/cuda/include/gaac/attend.cuh
-timeout 120 python3 eval/bench_attention_v4.py --grid-cases $ROWS --layouts shuffled in_order --out $OUT/attention_rows_${GPU}_merge_before.json 2>&1 | tail -12
+timeout 120 python3 eval/bench_attention_v4.py --grid-cases $ROWS --layouts shuffled in_order --budget-s 95 --out $OUT/attention_rows_${GPU}_merge_before.json 2>&1 | tail -12
 echo "before done after $(( $(date +%s) - T0 )) s"
 cp lab/session23/attend_after_merge.cuh kernels/cuda/include/gaac/attend.cuh
 timeout 60 python3 eval/bench_attention_v4.py --sweep-only --sweep-cases gemma3:1:16384 gemma3:1:32768 gemma3:1:65536 gemma3:4:16384 gemma3:16:32768 \
