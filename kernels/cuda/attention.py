@@ -44,18 +44,6 @@ def _smem_bytes(d: int, warps: int, stages: int) -> int:
     return 2 * stages * 16 * warps * (d + 8) * 2
 
 
-def merge_smem_bytes(group: int, splits: int, head_dim: int, warps: int) -> int:
-    """Shared memory the last CTA's split merge needs (attend.cuh ``finish``): ``group * splits`` float
-    weights, then (when ``parts > 1`` threads share an item) ``parts * items`` float4 partials, where an
-    item is (head, 4 channels) and ``parts`` is the largest power of two with ``parts * items`` within
-    the ``32 * warps`` softmax threads and ``parts`` within ``splits``. Mirrors the device code."""
-    items = group * head_dim // 4
-    parts = 1
-    while 2 * parts * items <= 32 * warps and 2 * parts <= splits:
-        parts *= 2
-    return (4 * group * splits + 15) // 16 * 16 + (16 * parts * items if parts > 1 else 0)
-
-
 def _default_stages(d: int, warps: int) -> int:
     # measured on the H200 (eval/results/attention_bf16_h200.json "sweep"): 3 stages at one CTA per SM
     # was best or within 1% for d = 64 / 128 / 256; deeper rings never helped
@@ -122,7 +110,7 @@ def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, 
     splits = max(1, math.ceil(max_tokens / tps))
     # the same dynamic shared memory also holds the warp merge and the split weights of the merge
     nt8 = 8 * math.ceil(group / 8)
-    smem = max(smem, 4 * (2 * warps * nt8 + warps * nt8 * head_dim), merge_smem_bytes(group, splits, head_dim, warps))
+    smem = max(smem, 4 * (2 * warps * nt8 + warps * nt8 * head_dim), 4 * group * splits)
     if smem > MAX_SMEM:
         raise ValueError(f"{splits} splits x {group} heads do not fit the merge in shared memory")
     defines = dict(HEAD_DIM=head_dim, GROUP=group, PAGE=block_size, WARPS=warps, STAGES=stages,

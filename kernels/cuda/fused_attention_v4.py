@@ -26,7 +26,7 @@ from gaac_hf.format.v4 import KERNEL_HEAD_DIMS, GeometryV4
 
 from ..paged import LaunchConfig, PagedKV, PagedTensorV4
 from . import runtime
-from .attention import LOG2E, MAX_SMEM, SM_SMEM, _counters, _sm_count, merge_smem_bytes, prepare_launch
+from .attention import LOG2E, MAX_SMEM, SM_SMEM, _counters, _sm_count, prepare_launch
 
 SOURCE = "decode_attention_v4.cu"
 HEAD_DIMS = KERNEL_HEAD_DIMS
@@ -115,8 +115,7 @@ def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, 
     tps = split_tokens(max_tokens, splits, tile, limit)
     splits = max(1, math.ceil(max_tokens / tps))
     nt8 = 8 * math.ceil(group / 8)
-    smem = max(smem, 4 * (2 * warps * nt8 + warps * nt8 * head_dim),
-               merge_smem_bytes(group, splits, head_dim, warps))
+    smem = max(smem, 4 * (2 * warps * nt8 + warps * nt8 * head_dim), 4 * group * splits)
     if smem > MAX_SMEM:
         raise ValueError(f"{splits} splits x {group} heads do not fit the merge in shared memory")
     defines = dict(HEAD_DIM=head_dim, QUERY_GROUP=group, PAGE=block_size, WARPS=warps, STAGES=stages,

@@ -201,8 +201,8 @@ __device__ __forceinline__ SplitRange split_range(const int* num_blocks, const i
 }
 
 // Merge the warps' states through shared memory (smem: the CTA's dynamic shared memory, free now,
-// at least 4 * (2 * W * NT * 8 + W * NT * 8 * D) bytes and attention.py's merge_smem_bytes()), write
-// the CTA's result, and when splits > 1 let the last CTA of this (sequence, kv head) merge every split in the same
+// at least 4 * (2 * W * NT * 8 + W * NT * 8 * D) and 4 * G * splits bytes), write the CTA's result,
+// and when splits > 1 let the last CTA of this (sequence, kv head) merge every split in the same
 // launch (threadFenceReduction pattern; the counter returns to zero for the next call and for
 // CUDA-graph replays). Every thread of the CTA calls this: the W warps holding softmax states
 // (warps 0 .. W-1) and, in a warp-specialised kernel, `nthreads - THREADS` more that help merge.
@@ -279,8 +279,7 @@ __device__ __forceinline__ void finish(const WarpState& st, unsigned char* smem,
   __syncthreads();
   if (!is_last) return;
   __threadfence();
-  // weights of the splits per head in shared memory (then the float4 partials of the
-  // parts; the host sizes both with merge_smem_bytes)
+  // weights of the splits per head in shared memory (the host sizes it to hold G * splits floats)
   float* wts = reinterpret_cast<float*>(smem);
   for (int i = tid; i < G * splits; i += nthreads) wts[i] = __ldcg(dst.part_lse + dst.row0 * splits + i);
   __syncthreads();
@@ -303,25 +302,15 @@ __device__ __forceinline__ void finish(const WarpState& st, unsigned char* smem,
     for (int s2 = lane; s2 < splits; s2 += 32) w[s2] *= inv;
   }
   __syncthreads();
-  // (head, 4 channels) items, each summed over the splits by `parts` threads (a power of two fixed by
-  // THREADS, G, D and splits only, so the fused kernels and their BF16 twin add in the same order
-  // whatever helper threads they carry). Thread (part, item) adds splits part, part + parts, ... in
-  // order into a float4 partial in shared memory; then one thread per item adds the partials in part
-  // order. SmolLM2 (G*D/4 = 48 items) used 48 of 256 threads looping over 44 splits; 4 parts cut the
-  // serial chain to 11 loads (the FlashDecoding combine spreads splits over threads the same way).
+  // one thread per (head, 4 channels): float4 loads of every split's partial, many in flight
   constexpr int D4 = D / 4;
-  const int items = G * D4;
-  int parts = 1;
-  while (2 * parts * items <= THREADS && 2 * parts <= splits) parts *= 2;
-  float4* scratch = reinterpret_cast<float4*>(smem + ((4 * G * splits + 15) & ~15));
-  for (int u = tid; u < parts * items; u += nthreads) {
-    const int part = u / items, item = u % items;
-    const int head = item / D4, d4 = item % D4;
+  for (int i = tid; i < G * D4; i += nthreads) {
+    const int head = i / D4, d4 = i % D4;
     const float* w = wts + head * splits;
     const float4* po = reinterpret_cast<const float4*>(dst.part_o + (dst.row0 + head) * splits * D) + d4;
     float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
-#pragma unroll 8
-    for (int s2 = part; s2 < splits; s2 += parts) {
+#pragma unroll 16
+    for (int s2 = 0; s2 < splits; ++s2) {
       const float4 x = __ldcg(po + s2 * D4);
       const float ww = w[s2];
       a0 += ww * x.x;
@@ -329,29 +318,9 @@ __device__ __forceinline__ void finish(const WarpState& st, unsigned char* smem,
       a2 += ww * x.z;
       a3 += ww * x.w;
     }
-    if (parts == 1) {
-      u32* o32 = reinterpret_cast<u32*>(dst.out + (dst.row0 + head) * D + 4 * d4);
-      o32[0] = pack_bf16x2(a0, a1);
-      o32[1] = pack_bf16x2(a2, a3);
-    } else {
-      scratch[u] = make_float4(a0, a1, a2, a3);
-    }
-  }
-  if (parts == 1) return;
-  __syncthreads();
-  for (int item = tid; item < items; item += nthreads) {
-    const int head = item / D4, d4 = item % D4;
-    float4 a = scratch[item];
-    for (int part = 1; part < parts; ++part) {
-      const float4 x = scratch[part * items + item];
-      a.x += x.x;
-      a.y += x.y;
-      a.z += x.z;
-      a.w += x.w;
-    }
     u32* o32 = reinterpret_cast<u32*>(dst.out + (dst.row0 + head) * D + 4 * d4);
-    o32[0] = pack_bf16x2(a.x, a.y);
-    o32[1] = pack_bf16x2(a.z, a.w);
+    o32[0] = pack_bf16x2(a0, a1);
+    o32[1] = pack_bf16x2(a2, a3);
   }
 }
 
