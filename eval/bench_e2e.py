@@ -389,7 +389,7 @@ def main(argv=None):
     p.add_argument("--skip-dynamic", action="store_true",
                    help="leave out the DynamicCache rows (copies the history each step; slow at B x S >= 512K)")
     p.add_argument("--fused", default="true", choices=("true", "false", "auto"),
-                   help="GAACCache(fused=...) for the GAAC rows (e2e_h200_auto.json ran with auto)")
+                   help="GAACCache(fused=...) for the GAAC rows (lab/results/superseded/e2e_h200_auto.json ran with auto)")
     p.add_argument("--format-version", type=int, default=None, choices=(2, 3, 4),
                    help="GAACCache(format_version=...); default: the cache's own choice (v3 on Hopper with the cuda extra)")
     p.add_argument("--skip-stock-graph", action="store_true",

@@ -150,11 +150,11 @@ class _NoCudnn:
 
     For the decode-then-SDPA steps of ``fused="auto"``: with a KV length that grows by one each step,
     cuDNN's attention costs ~1.2 ms of host time per call on the H200 test VM (DynamicCache + cuDNN:
-    69.6 ms wall per 36-layer step for 14.7 ms of GPU time, FA2 26.9 ms; ``eval/results/e2e_h200_auto.json``),
+    69.6 ms wall per 36-layer step for 14.7 ms of GPU time, FA2 26.9 ms; ``lab/results/superseded/e2e_h200_auto.json``),
     more than its kernel saves over FA2 (76 vs 86 us at 64K). Those steps are then bit-identical to
     DynamicCache + sdpa under the same backend set. One flag read and two writes: ``torch.nn.attention.
     sdpa_kernel`` did the same job at ~60-90 us of host time per layer on that VM, 2-3 ms per step
-    (``eval/results/host_ab_h200_*.json``, ``gaac_auto`` vs ``gaac_auto_nosdpactx``). Like
+    (``lab/results/superseded/host_ab_h200_*.json``, ``gaac_auto`` vs ``gaac_auto_nosdpactx``). Like
     ``sdpa_kernel``, it sets a process-wide flag for the duration of the call.
     """
 

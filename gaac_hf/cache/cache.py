@@ -106,9 +106,9 @@ class GAACCache(Cache):
             the fused kernel below ``gaac_hf.cache.attention.FUSED_MAX_TOKENS`` cached tokens,
             decode-then-SDPA (SDPA without its cuDNN backend) from there on: less GPU time at long
             contexts and less wall time when batched, a little more wall time at B=1 (measured on the
-            H200: ``eval/results/e2e_h200_64k_auto.json``, ``host_ab_h200_64k_b4.json``,
-            ``host_ab_h200_16k_v2.json``; README "Speed"). It allocates one layer's decoded K and V
-            per step (bf16 ``2 x [B, H, S, D]``).
+            H200 before the row offsets: ``lab/results/superseded/e2e_h200_64k_auto.json``,
+            ``host_ab_h200_64k_b4.json``, ``host_ab_h200_16k_v2.json``; ``docs/CACHE.md`` "Auto"). It
+            allocates one layer's decoded K and V per step (bf16 ``2 x [B, H, S, D]``).
             False: never (decode + SDPA, bit-identical to sdpa; use it with attention masks that are
             not of the left-padding form). The CPU default.
         triton_codec: on CUDA, encode and decode blocks with the Triton kernels of

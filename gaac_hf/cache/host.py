@@ -21,7 +21,8 @@ class _HostSlab:
 
     Each pool snapshots 2 counters and each layer's deferred store 8 sync terms; a pinned allocation
     per buffer (cudaHostAlloc, ~1 ms, and it synchronizes) cost ~90 ms per 36-layer prefill on the
-    H200, a fixed cost that showed as +4.5% prefill time at 32K (``e2e_h200_prefill_deferred.json``).
+    H200, a fixed cost that showed as +4.5% prefill time at 32K
+    (``lab/results/superseded/e2e_h200_prefill_deferred.json``).
     One slab per cache, handed out in slices, is one allocation.
     """
 
@@ -111,7 +112,7 @@ class _DeferredStore:
     A prefill's append must know how many raw rows and escape bytes its blocks need before it can
     place them, and those are device values: reading them right away is a host sync per layer that
     drains the GPU queue while the host has the rest of the layer still to enqueue (measured on the
-    H200: +5.7% prefill time at 32K, ``eval/results/e2e_h200_32k_b1.json``). Instead the layer
+    H200: +5.7% prefill time at 32K, ``lab/results/superseded/e2e_h200_32k_b1.json``). Instead the layer
     copies them to pinned host memory without blocking, records an event and parks the encoded
     blocks here; the next append of any layer, or any read of the pending layer's pools, stores
     them (:meth:`flush`). By then the GPU has long passed the event, and the host waits at most for

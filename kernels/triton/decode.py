@@ -34,7 +34,7 @@ def _fast_block(dst, slot, stream, B8, B16, h, rowoff, LO2_OFF: tl.constexpr, HI
     c = tl.arange(0, D)[None, :]
     # Stored as an int16 tile: one layout conversion through shared memory, then 16-byte coalesced row
     # stores. Storing the 4 pair words of each group directly (4 strided 4-byte stores) was slower on
-    # the H200: 1,290 vs 1,635 GB/s at d=128 (codec_h200_words.json vs codec_h200_defaults.json).
+    # the H200: 1,290 vs 1,635 GB/s at d=128 (lab/results/superseded/codec_h200_{words,defaults}.json).
     for sub in tl.static_range(T // TS):
         w0, w1, w2, w3 = decode_rows_pairs(slot, stream, rowoff, sub * TS, has_raw, a0, a1, a2, a3, c0, c1, c2, c3,
                                            LO2_OFF, HI1_OFF, TAG_OFF, TS, D)
