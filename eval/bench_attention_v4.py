@@ -153,16 +153,19 @@ def main(argv=None):
                     help="sweep these cases instead of the default list, e.g. gemma3:1:16384")
     ap.add_argument("--grid-cases", nargs="+", metavar="SHAPE:B:S", help="time these grid rows only")
     ap.add_argument("--budget-s", type=float, default=400)
+    ap.add_argument("--merge-chunk", type=int, default=None,
+                    help="LaunchConfig.merge_chunk for every CUDA kernel of the grid (0: one-level split merge)")
     args = ap.parse_args(argv)
     from gaac_hf.kernels import LaunchConfig
 
+    launch = LaunchConfig(merge_chunk=args.merge_chunk)
     dev = torch.device("cuda")
     t_start = time.time()
     result = dict(harness.provenance(shapes=SHAPES, argv=sys.argv), cuda=torch.version.cuda, block_size=T,
                   format_version=4, kernel="kernels/cuda/decode_attention_v4.cu (register tiles)",
                   timer="cuda-graph replay, L2 flushed, median of 15", data="synthetic KV-like (calibration.synthetic)",
                   shapes={k: dict(q_heads=v[0], kv_heads=v[1], head_dim=v[2]) for k, v in SHAPES.items()},
-                  same_shape=SAME_SHAPE, sweep={}, rows=[], cut=[])
+                  same_shape=SAME_SHAPE, merge_chunk=args.merge_chunk, sweep={}, rows=[], cut=[])
     if args.sweep or args.sweep_only:
         for shape, B, S in parse_cases(args.sweep_cases) if args.sweep_cases else SWEEP_CASES:
             case = Case(shape, B, S, dev)
@@ -180,18 +183,18 @@ def main(argv=None):
         ref = case.sdpa("fa2")().squeeze(2)
         us, err = {}, {}
         if case.v4:
-            us["gaac"], err["gaac"] = _try("gaac", lambda: case.gaac(LaunchConfig()), ref)
-            us["cuda_bf16_same_launch"], _ = _try("twin", lambda: case.cuda(case.twin_config()))
+            us["gaac"], err["gaac"] = _try("gaac", lambda: case.gaac(launch), ref)
+            us["cuda_bf16_same_launch"], _ = _try("twin", lambda: case.cuda(case.twin_config(launch)))
         else:
             us["gaac"] = None
             us["gaac_v3"], err["gaac_v3"] = _try("gaac_v3", case.gaac_v3, ref)
-        us["cuda_bf16"], err["cuda_bf16"] = _try("cuda", lambda: case.cuda(LaunchConfig()), ref)
+        us["cuda_bf16"], err["cuda_bf16"] = _try("cuda", lambda: case.cuda(launch), ref)
         us["fa2"], _ = _try("fa2", lambda: case.sdpa("fa2"))
         us["cudnn"], err["cudnn"] = _try("cudnn", lambda: case.sdpa("cudnn"), ref)
         same = None
         if case.v4:
             try:
-                same = case.bit_identical()
+                same = case.bit_identical(launch)
             except Exception as e:  # recorded, not fatal
                 print(f"  bit check failed: {e}", flush=True)
         row = dict(shape=shape, batch=B, context=S, us=us, rel_err_vs_fa2=err, bit_identical=same, kv_bytes=case.kv_bytes,
@@ -207,12 +210,12 @@ def main(argv=None):
             del case
             torch.cuda.empty_cache()
             case = Case(shape, B, S, dev, layout="in_order")
-            us["gaac_in_order"], err["gaac_in_order"] = _try("gaac in order", lambda: case.gaac(LaunchConfig()), ref)
-            us["cuda_bf16_same_launch_in_order"], _ = _try("twin in order", lambda: case.cuda(case.twin_config()))
+            us["gaac_in_order"], err["gaac_in_order"] = _try("gaac in order", lambda: case.gaac(launch), ref)
+            us["cuda_bf16_same_launch_in_order"], _ = _try("twin in order", lambda: case.cuda(case.twin_config(launch)))
             # the BF16 skeleton (issue 13) at its own launch over in-order pages: FA2 / cuDNN read contiguous K/V
-            us["cuda_bf16_in_order"], err["cuda_bf16_in_order"] = _try("bf16 in order", lambda: case.cuda(LaunchConfig()), ref)
+            us["cuda_bf16_in_order"], err["cuda_bf16_in_order"] = _try("bf16 in order", lambda: case.cuda(launch), ref)
             try:
-                row["bit_identical_in_order"] = case.bit_identical()
+                row["bit_identical_in_order"] = case.bit_identical(launch)
             except Exception as e:  # recorded, not fatal
                 print(f"  bit check (in order) failed: {e}", flush=True)
                 row["bit_identical_in_order"] = None

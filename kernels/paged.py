@@ -167,6 +167,8 @@ class LaunchConfig:
     consumer frees K once S is computed, so the ring takes less shared memory and more CTAs fit).
     decoded_slots: the fused CUDA kernel: slots of each consumer's decoded V ring (and of K's unless
     decoded_k_slots is 1); 2 by default.
+    merge_chunk: CUDA split-KV kernels: splits per first-level chunk of the in-kernel merge (0: every split
+    merged by the last CTA alone; default: chunks of 16 where that CTA would read over 128 KiB).
     """
 
     num_splits: int | None = None
@@ -180,6 +182,7 @@ class LaunchConfig:
     producer_kinds: int | None = None
     decoded_k_slots: int | None = None
     decoded_slots: int | None = None
+    merge_chunk: int | None = None
 
 
 DEFAULT_LAUNCH = LaunchConfig()

@@ -47,14 +47,16 @@ def test_decode_kernel_compiles_without_spills(tmp_path, cfg, loader):
     assert runtime.resource_problems(report, REGISTER_BUDGET) == []
 
 
-@pytest.mark.parametrize("d,w,streams", [(64, 8, 48), (128, 4, 8), (128, 4, 128), (256, 4, 16), (80, 4, 40)])
+@pytest.mark.parametrize("d,w,streams", [(64, 8, 48), (128, 4, 8), (128, 4, 128), (256, 4, 16), (80, 4, 40),
+                                         (256, 4, 1)])
 def test_chosen_occupancy_compiles_without_spills(tmp_path, monkeypatch, d, w, streams):
-    """Whatever CTAs-per-SM the planner picks (it sets the register cap), the kernel must not spill."""
+    """Whatever CTAs-per-SM the planner picks (it sets the register cap), the kernel must not spill; the
+    merge as prepare_launch sets it (one stream at d = 256: two levels)."""
     from gaac_hf.kernels.cuda import attention as A
 
     monkeypatch.setattr(A, "_sm_count", lambda device: 132)
     p = A.plan(streams, 1, 4, 64, d, 65536 + 64, None, LaunchConfig(num_warps=w))
-    defines = p["defines"]
+    defines = dict(p["defines"], MERGE_CHUNK=A.merge_chunk(4, p["splits"], d))
     report = _build(tmp_path, defines)
     assert set(report) == {"gaac_bf16_decode_split", "gaac_decode_combine"}
     assert runtime.resource_problems(report, REGISTER_BUDGET) == []
@@ -196,3 +198,20 @@ def test_decoded_slots_planner_rules():
         F.plan(1, 8, 4, 64, 128, 4096, None, LaunchConfig(num_splits=8, decoded_slots=5))
     with pytest.raises(ValueError, match="decoded_k_slots"):
         F.plan(1, 8, 4, 64, 128, 4096, None, LaunchConfig(num_splits=8, decoded_slots=3, decoded_k_slots=2))
+
+
+def test_merge_levels_rule():
+    """Two merge levels only where the last CTA would read > 128 KiB of partials; the override wins; the
+    counters cover one final and one per chunk for every (sequence, kv head)."""
+    from gaac_hf.kernels.cuda import attention as A
+
+    assert A.merge_chunk(4, 128, 256) == A.MERGE_TREE_CHUNK  # Gemma3, one kv head: 512 KiB
+    assert A.merge_chunk(3, 86, 64) == 0                     # SmolLM2: 64.5 KiB
+    assert A.merge_chunk(4, 16, 128) == 0                    # Qwen3 B=1
+    assert A.merge_chunk(4, 128, 256, override=0) == 0
+    assert A.merge_chunk(4, 11, 64, override=4) == 4
+    assert A.merge_chunk(4, 4, 64, override=4) == 0          # one chunk would hold every split
+    with pytest.raises(ValueError, match="merge_chunk"):
+        A.merge_chunk(4, 11, 64, override=1)
+    assert A.merge_counters(2, 3, 11, 4) == 2 * 3 * (1 + 3)
+    assert A.merge_counters(2, 3, 11, 0) == 6

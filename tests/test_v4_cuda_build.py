@@ -44,7 +44,8 @@ def test_planned_launch_compiles_without_spills(tmp_path, monkeypatch, d, g, str
     monkeypatch.setattr(A, "_sm_count", lambda device: 132)
     monkeypatch.setattr(F4, "_sm_count", lambda device: 132)
     p = F4.plan(streams, 1, g, 64, d, 65536 + 64, None, LaunchConfig())
-    report = _build(tmp_path, p["defines"])
+    # the split merge as prepare_launch sets it (two levels where one CTA would read > 128 KiB: d = 256, 1 stream)
+    report = _build(tmp_path, dict(p["defines"], MERGE_CHUNK=A.merge_chunk(g, p["splits"], d)))
     assert set(report) == {"gaac_v4_decode_split", "gaac_v4_decode_blocks"}
     assert runtime.resource_problems(report, _cap(p["defines"])) == []
 

@@ -132,7 +132,9 @@ CASES = [  # (B, Hq, Hkv, D, T, seq_lens)
 
 @pytest.mark.parametrize("B,HQ,HKV,D,T,lens", CASES)
 @pytest.mark.parametrize("cfg", [None, LaunchConfig(num_splits=1), LaunchConfig(num_splits=3, num_warps=4),
-                                 LaunchConfig(num_warps=4, num_stages=3, ctas_per_sm=2)])
+                                 LaunchConfig(num_warps=4, num_stages=3, ctas_per_sm=2),
+                                 LaunchConfig(num_splits=11, num_warps=4, merge_chunk=4),  # two-level merge, 4+4+3
+                                 LaunchConfig(merge_chunk=0)])  # one-level merge where the default has two
 def test_bit_identical_to_bf16_twin_and_close_to_fp64(B, HQ, HKV, D, T, lens, cfg):
     _needs_hopper()
     seed = hash((B, HQ, HKV, D, T, tuple(lens))) % 2**31

@@ -44,6 +44,45 @@ def _smem_bytes(d: int, warps: int, stages: int) -> int:
     return 2 * stages * 16 * warps * (d + 8) * 2
 
 
+def merge_smem_bytes(group: int, splits: int, head_dim: int, warps: int) -> int:
+    """Shared memory the last CTA's split merge needs (attend.cuh ``finish``): ``group * splits`` float
+    weights, then (when ``parts > 1`` threads share an item) ``parts * items`` float4 partials, where an
+    item is (head, 4 channels) and ``parts`` is the largest power of two with ``parts * items`` within
+    the ``32 * warps`` softmax threads and ``parts`` within ``splits``. Mirrors the device code."""
+    items = group * head_dim // 4
+    parts = 1
+    while 2 * parts * items <= 32 * warps and 2 * parts <= splits:
+        parts *= 2
+    return (4 * group * splits + 15) // 16 * 16 + (16 * parts * items if parts > 1 else 0)
+
+
+# The last CTA's merge reads every split's partial (G * D * 4 bytes each) through L2 alone: one kv head of
+# Gemma3 (4 x 256 channels) at 128 splits is 512 KiB for one CTA of 128 threads. Past this many bytes the
+# merge goes in two levels (attend.cuh ``finish``): chunks of MERGE_CHUNK consecutive splits merge on
+# their own last CTAs in parallel, then the last of those merges the chunk results.
+MERGE_TREE_BYTES = 128 * 1024
+MERGE_TREE_CHUNK = 16
+
+
+def merge_chunk(group: int, splits: int, head_dim: int, override: int | None = None) -> int:
+    """Splits per first-level chunk of the in-kernel merge (0: one level). A function of the call's
+    shape and splits only, so a fused kernel and its BF16 twin merge in the same order; ``override``
+    (``LaunchConfig.merge_chunk``) forces it (0 = one level)."""
+    if override is not None:
+        if override < 0 or override == 1:
+            raise ValueError(f"merge_chunk must be 0 (one level) or >= 2 splits, got {override}")
+        return override if 0 < override < splits else 0
+    if splits > MERGE_TREE_CHUNK and 4 * group * head_dim * splits > MERGE_TREE_BYTES:
+        return MERGE_TREE_CHUNK
+    return 0
+
+
+def merge_counters(batch: int, kv_heads: int, splits: int, chunk: int) -> int:
+    """int32 arrival counters a call needs: per (sequence, kv head) one for the final merge and, with a
+    chunked merge, one per chunk (attend.cuh ``finish`` lays them out the same way)."""
+    return batch * kv_heads * (1 + (math.ceil(splits / chunk) if chunk else 0))
+
+
 def _default_stages(d: int, warps: int) -> int:
     # measured on the H200 (eval/results/attention_bf16_h200.json "sweep"): 3 stages at one CTA per SM
     # was best or within 1% for d = 64 / 128 / 256; deeper rings never helped
@@ -110,7 +149,7 @@ def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, 
     splits = max(1, math.ceil(max_tokens / tps))
     # the same dynamic shared memory also holds the warp merge and the split weights of the merge
     nt8 = 8 * math.ceil(group / 8)
-    smem = max(smem, 4 * (2 * warps * nt8 + warps * nt8 * head_dim), 4 * group * splits)
+    smem = max(smem, 4 * (2 * warps * nt8 + warps * nt8 * head_dim), merge_smem_bytes(group, splits, head_dim, warps))
     if smem > MAX_SMEM:
         raise ValueError(f"{splits} splits x {group} heads do not fit the merge in shared memory")
     defines = dict(HEAD_DIM=head_dim, GROUP=group, PAGE=block_size, WARPS=warps, STAGES=stages,
@@ -186,7 +225,7 @@ def bf16_decode_attention_tensors(q, k_raw, v_raw, k_table, v_table, k_tail, v_t
     splits = p["splits"]
     runtime.launch(mod, "gaac_bf16_decode_split", (splits, HKV, B), (p["threads"],), p["smem"],
                    q, k_raw, v_raw, k_table, v_table, k_tail, v_tail, num_blocks, tail_len, kv_start,
-                   part_o, part_lse, out, _counters(q.device, B * HKV), np.int32(HKV), np.int32(max_blocks),
+                   part_o, part_lse, out, p["counters"], np.int32(HKV), np.int32(max_blocks),
                    np.int32(p["tokens_per_split"]), np.float32(scale * LOG2E), device=q.device)
     return out
 
@@ -198,7 +237,11 @@ def prepare_launch(plan_fn, source: str, q: torch.Tensor, HKV: int, T: int, max_
     compiled module, the output, the split partials and the softmax scale."""
     B, HQ, D = q.shape
     blocks = max_blocks if active_blocks is None else min(int(active_blocks), max_blocks)
-    p = plan_fn(B, HKV, HQ // HKV, T, D, blocks * T + T, q.device, config or LaunchConfig())
+    config = config or LaunchConfig()
+    p = plan_fn(B, HKV, HQ // HKV, T, D, blocks * T + T, q.device, config)
+    p["merge_chunk"] = merge_chunk(HQ // HKV, p["splits"], D, config.merge_chunk)
+    p["defines"] = dict(p["defines"], MERGE_CHUNK=p["merge_chunk"])
+    p["counters"] = _counters(q.device, merge_counters(B, HKV, p["splits"], p["merge_chunk"]))
     mod = runtime.load(source, p["defines"], q.device)
     part_o, part_lse = split_partials(B, HQ, p["splits"], D, q.device)
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)

@@ -25,7 +25,7 @@ from gaac_hf.format.v3 import GeometryV3
 
 from ..paged import LaunchConfig, PagedKV, PagedTensorV3
 from . import runtime
-from .attention import LOG2E, _choose_splits, _counters, prepare_launch
+from .attention import LOG2E, _choose_splits, merge_smem_bytes, prepare_launch
 from .attention import MAX_SMEM as _MAX_DYNAMIC
 
 MAX_SMEM = _MAX_DYNAMIC  # dynamic + static shared memory of one CTA
@@ -187,7 +187,8 @@ def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, 
     tps = math.ceil(math.ceil(max_tokens / splits) / tile) * tile
     splits = max(1, math.ceil(max_tokens / tps))
     nt8 = 8 * math.ceil(group / 8)
-    smem = max(smem, 4 * (2 * warps * nt8 + warps * nt8 * head_dim), 4 * group * splits)
+    smem = max(smem, 4 * (2 * warps * nt8 + warps * nt8 * head_dim),
+               merge_smem_bytes(group, splits, head_dim, warps))
     if smem + static > MAX_SMEM:
         raise ValueError(f"{splits} splits x {group} heads do not fit the merge in shared memory")
     defines = dict(HEAD_DIM=head_dim, QUERY_GROUP=group, PAGE=block_size, WARPS=warps, STAGES=stages,
@@ -243,7 +244,7 @@ def gaac_decode_attention_v3(q: torch.Tensor, kv: PagedKV, *, scale: float | Non
     k, v = kv.k, kv.v
     runtime.launch(mod, "gaac_v3_decode_split", (splits, HKV, B), (p["threads"],), p["smem"],
                    q, k.pool, v.pool, k.table, v.table, k.tail, v.tail, k.b8p, k.dbp, v.b8p, v.dbp,
-                   kv.num_blocks, kv.tail_len, kv.kv_start, part_o, part_lse, out, _counters(q.device, B * HKV),
+                   kv.num_blocks, kv.tail_len, kv.kv_start, part_o, part_lse, out, p["counters"],
                    np.int32(HKV), np.int32(max_blocks), np.int32(p["tokens_per_split"]), np.float32(scale * LOG2E),
                    device=q.device)
     return out

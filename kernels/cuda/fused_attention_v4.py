@@ -26,7 +26,7 @@ from gaac_hf.format.v4 import KERNEL_HEAD_DIMS, GeometryV4
 
 from ..paged import LaunchConfig, PagedKV, PagedTensorV4
 from . import runtime
-from .attention import LOG2E, MAX_SMEM, SM_SMEM, _counters, _sm_count, prepare_launch
+from .attention import LOG2E, MAX_SMEM, SM_SMEM, _sm_count, merge_chunk, merge_smem_bytes, prepare_launch
 
 SOURCE = "decode_attention_v4.cu"
 HEAD_DIMS = KERNEL_HEAD_DIMS
@@ -115,7 +115,8 @@ def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, 
     tps = split_tokens(max_tokens, splits, tile, limit)
     splits = max(1, math.ceil(max_tokens / tps))
     nt8 = 8 * math.ceil(group / 8)
-    smem = max(smem, 4 * (2 * warps * nt8 + warps * nt8 * head_dim), 4 * group * splits)
+    smem = max(smem, 4 * (2 * warps * nt8 + warps * nt8 * head_dim),
+               merge_smem_bytes(group, splits, head_dim, warps))
     if smem > MAX_SMEM:
         raise ValueError(f"{splits} splits x {group} heads do not fit the merge in shared memory")
     defines = dict(HEAD_DIM=head_dim, QUERY_GROUP=group, PAGE=block_size, WARPS=warps, STAGES=stages,
@@ -131,7 +132,9 @@ def twin_config(q: torch.Tensor, kv: PagedKV, launch: LaunchConfig | None = None
     blocks = maxb if kv.active_blocks is None else min(int(kv.active_blocks), maxb)
     T = kv.geometry.block_size
     p = plan(B, HKV, HQ // HKV, T, D, blocks * T + T, q.device, launch or LaunchConfig())
-    return LaunchConfig(num_warps=p["warps"], num_splits=p["splits"])
+    cfg = launch or LaunchConfig()
+    chunk = merge_chunk(HQ // HKV, p["splits"], D, cfg.merge_chunk)
+    return LaunchConfig(num_warps=p["warps"], num_splits=p["splits"], merge_chunk=chunk)
 
 
 def _check(q: torch.Tensor, kv: PagedKV) -> tuple[int, int, int, int, int]:
@@ -185,7 +188,7 @@ def gaac_decode_attention_v4(q: torch.Tensor, kv: PagedKV, *, scale: float | Non
     k, v = kv.k, kv.v
     runtime.launch(mod, "gaac_v4_decode_split", (p["splits"], HKV, B), (p["threads"],), p["smem"],
                    q, k.pool, v.pool, k.table, v.table, k.tail, v.tail, k.base16, v.base16,
-                   kv.num_blocks, kv.tail_len, kv.kv_start, part_o, part_lse, out, _counters(q.device, B * HKV),
+                   kv.num_blocks, kv.tail_len, kv.kv_start, part_o, part_lse, out, p["counters"],
                    np.int32(HKV), np.int32(max_blocks), np.int32(p["tokens_per_split"]), np.float32(scale * LOG2E),
                    device=q.device)
     return out

@@ -200,9 +200,128 @@ __device__ __forceinline__ SplitRange split_range(const int* num_blocks, const i
   return r;
 }
 
+// One merged (head, 4 channels) item: to the bf16 output (final) or to partial row `first`.
+__device__ __forceinline__ void store_item(const Output& dst, int head, int d4, int first, bool final, float4 a) {
+  if (final) {
+    u32* o32 = reinterpret_cast<u32*>(dst.out + (dst.row0 + head) * D + 4 * d4);
+    o32[0] = pack_bf16x2(a.x, a.y);
+    o32[1] = pack_bf16x2(a.z, a.w);
+  } else {
+    reinterpret_cast<float4*>(dst.part_o + ((dst.row0 + head) * dst.splits + first) * D)[d4] = a;
+  }
+}
+
+#ifndef MERGE_CHUNK
+#define MERGE_CHUNK 0
+#endif
+
+// threadFenceReduction arrival: every thread of the CTA calls it after its stores; true in the CTA
+// whose arrival brings *counter to `total` (that CTA resets it to zero for the next call and for
+// CUDA-graph replays, and sees every other CTA's stores).
+__device__ __forceinline__ bool arrive_last(int* counter, int total) {
+  __shared__ int is_last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int prev = atomicAdd(counter, 1);
+    is_last = prev == total - 1;
+    if (is_last) *counter = 0;
+  }
+  __syncthreads();
+  const bool last = is_last;
+  __syncthreads();  // is_last is reused by the next arrival
+  if (last) __threadfence();
+  return last;
+}
+
+// Merge `n` split partials of this CTA's G heads: rows first, first + stride, ... of part_o / part_lse
+// (each normalised by its own sum, with its log2-sum-exp). final: the bf16 output; else the merged
+// partial and its log2-sum-exp go to row `first` (in place: every thread reads its own item's rows
+// before it writes them, and the weights are in shared memory before any lse is written).
+__device__ __forceinline__ void merge_splits(const Output& dst, unsigned char* smem, int first, int stride, int n,
+                                             bool final, int nthreads) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = nthreads >> 5;
+  const int splits = dst.splits;
+  // weights of the splits per head in shared memory (then the float4 partials of the
+  // parts; the host sizes both with merge_smem_bytes for n = splits)
+  float* wts = reinterpret_cast<float*>(smem);
+  for (int i = tid; i < G * n; i += nthreads) {
+    const int head = i / n, k = i % n;
+    wts[i] = __ldcg(dst.part_lse + (dst.row0 + head) * splits + first + k * stride);
+  }
+  __syncthreads();
+  // one warp per head: lanes over the splits (max, then the normalised weights)
+  for (int head = warp; head < G; head += nwarps) {
+    float* w = wts + head * n;
+    float mx = GAAC_NEG_INF;
+    for (int s2 = lane; s2 < n; s2 += 32) mx = fmaxf(mx, w[s2]);
+#pragma unroll
+    for (int o2 = 16; o2 > 0; o2 >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o2));
+    const float ref = mx == GAAC_NEG_INF ? 0.f : mx;
+    float wsum = 0.f;
+    for (int s2 = lane; s2 < n; s2 += 32) {
+      w[s2] = exp2_approx(w[s2] - ref);
+      wsum += w[s2];
+    }
+#pragma unroll
+    for (int o2 = 16; o2 > 0; o2 >>= 1) wsum += __shfl_xor_sync(0xffffffffu, wsum, o2);
+    const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
+    for (int s2 = lane; s2 < n; s2 += 32) w[s2] *= inv;
+    if (!final && lane == 0)
+      dst.part_lse[(dst.row0 + head) * splits + first] = wsum > 0.f ? ref + log2_approx(wsum) : GAAC_NEG_INF;
+  }
+  __syncthreads();
+  // (head, 4 channels) items, each summed over the splits by `parts` threads (a power of two fixed by
+  // THREADS, G, D and n only, so the fused kernels and their BF16 twin add in the same order
+  // whatever helper threads they carry). Thread (part, item) adds splits part, part + parts, ... in
+  // order into a float4 partial in shared memory; then one thread per item adds the partials in part
+  // order. SmolLM2 (G*D/4 = 48 items) used 48 of 256 threads looping over 44 splits; 4 parts cut the
+  // serial chain to 11 loads (the FlashDecoding combine spreads splits over threads the same way).
+  constexpr int D4 = D / 4;
+  const int items = G * D4;
+  int parts = 1;
+  while (2 * parts * items <= THREADS && 2 * parts <= n) parts *= 2;
+  float4* scratch = reinterpret_cast<float4*>(smem + ((4 * G * splits + 15) & ~15));
+  for (int u = tid; u < parts * items; u += nthreads) {
+    const int part = u / items, item = u % items;
+    const int head = item / D4, d4 = item % D4;
+    const float* w = wts + head * n;
+    const float4* po = reinterpret_cast<const float4*>(dst.part_o + ((dst.row0 + head) * splits + first) * D) + d4;
+    float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
+#pragma unroll 8
+    for (int s2 = part; s2 < n; s2 += parts) {
+      const float4 x = __ldcg(po + s2 * stride * D4);
+      const float ww = w[s2];
+      a0 += ww * x.x;
+      a1 += ww * x.y;
+      a2 += ww * x.z;
+      a3 += ww * x.w;
+    }
+    if (parts == 1) {
+      store_item(dst, head, d4, first, final, make_float4(a0, a1, a2, a3));
+    } else {
+      scratch[u] = make_float4(a0, a1, a2, a3);
+    }
+  }
+  if (parts == 1) return;
+  __syncthreads();
+  for (int item = tid; item < items; item += nthreads) {
+    const int head = item / D4, d4 = item % D4;
+    float4 a = scratch[item];
+    for (int part = 1; part < parts; ++part) {
+      const float4 x = scratch[part * items + item];
+      a.x += x.x;
+      a.y += x.y;
+      a.z += x.z;
+      a.w += x.w;
+    }
+    store_item(dst, head, d4, first, final, a);
+  }
+}
+
 // Merge the warps' states through shared memory (smem: the CTA's dynamic shared memory, free now,
-// at least 4 * (2 * W * NT * 8 + W * NT * 8 * D) and 4 * G * splits bytes), write the CTA's result,
-// and when splits > 1 let the last CTA of this (sequence, kv head) merge every split in the same
+// at least 4 * (2 * W * NT * 8 + W * NT * 8 * D) bytes and attention.py's merge_smem_bytes()), write
+// the CTA's result, and when splits > 1 let the last CTA of this (sequence, kv head) merge every split in the same
 // launch (threadFenceReduction pattern; the counter returns to zero for the next call and for
 // CUDA-graph replays). Every thread of the CTA calls this: the W warps holding softmax states
 // (warps 0 .. W-1) and, in a warp-specialised kernel, `nthreads - THREADS` more that help merge.
@@ -266,61 +385,25 @@ __device__ __forceinline__ void finish(const WarpState& st, unsigned char* smem,
   if (splits == 1) return;
 
   // ---- the last CTA of this (sequence, kv head) to finish merges all splits (no second launch) ----
-  // partials stored, fence, count; the CTA that brings the count to `splits` reads everyone's
-  // partials (L2, bypassing L1) and resets the counter for the next call.
-  __shared__ int is_last;
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) {
-    const int prev = atomicAdd(dst.counters + dst.bh, 1);
-    is_last = prev == splits - 1;
-    if (is_last) dst.counters[dst.bh] = 0;
-  }
-  __syncthreads();
-  if (!is_last) return;
-  __threadfence();
-  // weights of the splits per head in shared memory (the host sizes it to hold G * splits floats)
-  float* wts = reinterpret_cast<float*>(smem);
-  for (int i = tid; i < G * splits; i += nthreads) wts[i] = __ldcg(dst.part_lse + dst.row0 * splits + i);
-  __syncthreads();
-  // one warp per head: lanes over the splits (max, then the normalised weights)
-  for (int head = warp; head < G; head += nwarps) {
-    float* w = wts + head * splits;
-    float mx = GAAC_NEG_INF;
-    for (int s2 = lane; s2 < splits; s2 += 32) mx = fmaxf(mx, w[s2]);
-#pragma unroll
-    for (int o2 = 16; o2 > 0; o2 >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o2));
-    const float ref = mx == GAAC_NEG_INF ? 0.f : mx;
-    float wsum = 0.f;
-    for (int s2 = lane; s2 < splits; s2 += 32) {
-      w[s2] = exp2_approx(w[s2] - ref);
-      wsum += w[s2];
-    }
-#pragma unroll
-    for (int o2 = 16; o2 > 0; o2 >>= 1) wsum += __shfl_xor_sync(0xffffffffu, wsum, o2);
-    const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
-    for (int s2 = lane; s2 < splits; s2 += 32) w[s2] *= inv;
-  }
-  __syncthreads();
-  // one thread per (head, 4 channels): float4 loads of every split's partial, many in flight
-  constexpr int D4 = D / 4;
-  for (int i = tid; i < G * D4; i += nthreads) {
-    const int head = i / D4, d4 = i % D4;
-    const float* w = wts + head * splits;
-    const float4* po = reinterpret_cast<const float4*>(dst.part_o + (dst.row0 + head) * splits * D) + d4;
-    float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
-#pragma unroll 16
-    for (int s2 = 0; s2 < splits; ++s2) {
-      const float4 x = __ldcg(po + s2 * D4);
-      const float ww = w[s2];
-      a0 += ww * x.x;
-      a1 += ww * x.y;
-      a2 += ww * x.z;
-      a3 += ww * x.w;
-    }
-    u32* o32 = reinterpret_cast<u32*>(dst.out + (dst.row0 + head) * D + 4 * d4);
-    o32[0] = pack_bf16x2(a0, a1);
-    o32[1] = pack_bf16x2(a2, a3);
+  // partials stored, fence, count; the CTA that brings the count to its total reads everyone's
+  // partials (L2, bypassing L1) and resets the counter for the next call. With MERGE_CHUNK = C > 0 (the
+  // host sets it where one CTA would read too much: attention.py merge_chunk) the merge has two
+  // levels: the last CTA of each chunk of C consecutive splits merges them into the chunk's first
+  // slot (part_o / part_lse rows, in place), then the last chunk to finish merges the chunks. Counters
+  // per (sequence, kv head): [final, chunk 0, chunk 1, ...] (attention.py merge_counters).
+  const bool tree = MERGE_CHUNK > 0 && splits > MERGE_CHUNK;
+  const int nch = tree ? (splits + MERGE_CHUNK - 1) / MERGE_CHUNK : 0;
+  int* const base = dst.counters + dst.bh * (1 + nch);
+  if (tree) {
+    const int chunk = split / MERGE_CHUNK, c0 = chunk * MERGE_CHUNK;
+    const int cn = splits - c0 < MERGE_CHUNK ? splits - c0 : MERGE_CHUNK;
+    if (!arrive_last(base + 1 + chunk, cn)) return;
+    merge_splits(dst, smem, c0, 1, cn, false, nthreads);
+    if (!arrive_last(base, nch)) return;
+    merge_splits(dst, smem, 0, MERGE_CHUNK, nch, true, nthreads);
+  } else {
+    if (!arrive_last(base, splits)) return;
+    merge_splits(dst, smem, 0, 1, splits, true, nthreads);
   }
 }
 
