@@ -28,8 +28,9 @@ for V in tree flat; do
     --out $OUT/attention_rows_${GPU}_merge_${V}.json 2>&1 | grep -E "B=|rror|wrote" | cut -c1-150
   echo "$V done after $(( $(date +%s) - T0 )) s"
 done
-git show main:kernels/cuda/include/gaac/attend.cuh > kernels/cuda/include/gaac/attend.cuh
+cp kernels/cuda/include/gaac/attend.cuh /tmp/attend_branch.cuh
+patch -R -p1 < lab/session24/attend_merge.patch || echo "reverse patch failed"
 timeout $(( B + 20 )) python3 eval/bench_attention_v4.py --grid-cases $ROWS --layouts shuffled --budget-s $B --merge-chunk 0 \
   --out $OUT/attention_rows_${GPU}_merge_main.json 2>&1 | grep -E "B=|rror|wrote" | cut -c1-150
-git checkout -q -- kernels/cuda/include/gaac/attend.cuh
+cp /tmp/attend_branch.cuh kernels/cuda/include/gaac/attend.cuh
 echo "done after $(( $(date +%s) - T0 )) s"
