@@ -7,20 +7,21 @@
 #    parts), then main's attend.cuh (one level, one thread per item) with --merge-chunk 0.
 # Predictions in lab/cuda-decode-notebook.md, session 24.
 export PYTHONUNBUFFERED=1 GAAC_COMMIT="$1" GAAC_DIRTY=0
+TMAX=${2:-570}  # seconds this call may take in all (the session's device time left)
 T0=$(date +%s)
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -q H100 && echo h100 || echo h200)
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "pip -e failed"
 if [ "$GPU" = h200 ]; then
-  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 170 python3 eval/memory_report.py --gpu --contexts 32768 65536 \
+  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout $(( TMAX / 4 > 170 ? 170 : TMAX / 4 )) python3 eval/memory_report.py --gpu --contexts 32768 65536 \
     --gpu-layers 12 --out $OUT/memory_h200.json 2>&1 | grep -E "gaac_vs|wrote|rror" | sed 's/.stats.*gaac_vs/ gaac_vs/' | tail -4
   echo "memory done after $(( $(date +%s) - T0 )) s"
 fi
-timeout 170 python3 -m pytest -q -m gpu -x tests/test_cuda_attention.py tests/test_cuda_fused.py tests/test_v4_gpu.py \
+timeout $(( TMAX / 4 > 170 ? 170 : TMAX / 4 )) python3 -m pytest -q -m gpu -x tests/test_cuda_attention.py tests/test_cuda_fused.py tests/test_v4_gpu.py \
   tests/test_cuda_graphs_gpu.py 2>&1 | tail -4
 echo "tests done after $(( $(date +%s) - T0 )) s"
 ROWS="smollm2-135m:1:16384 smollm2-135m:1:32768 gemma3:1:16384 gemma3:1:65536 gemma3:4:16384 qwen3-8b:1:65536 qwen3-8b:4:65536"
-LEFT=$(( 570 - ($(date +%s) - T0) ))
+LEFT=$(( TMAX - ($(date +%s) - T0) ))
 B=$(( LEFT / 3 - 20 )); [ $B -gt 80 ] && B=80
 for V in tree flat; do
   MC=""; [ $V = flat ] && MC="--merge-chunk 0"
