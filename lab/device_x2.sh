@@ -17,7 +17,7 @@ if [ "$GPU" = h200 ]; then
     --gpu-layers 12 --out $OUT/memory_h200.json 2>&1 | grep -E "gaac_vs|wrote|rror" | sed 's/.stats.*gaac_vs/ gaac_vs/' | tail -4
   echo "memory done after $(( $(date +%s) - T0 )) s"
 fi
-timeout $(( TMAX / 4 > 170 ? 170 : TMAX / 4 )) python3 -m pytest -q -m gpu -x tests/test_cuda_attention.py tests/test_cuda_fused.py tests/test_v4_gpu.py \
+timeout $(( TMAX / 4 > 170 ? 170 : TMAX / 4 )) python3 -m pytest -q -m gpu -x tests/test_v4_gpu.py tests/test_cuda_attention.py tests/test_cuda_fused.py \
   tests/test_cuda_graphs_gpu.py 2>&1 | tail -4
 echo "tests done after $(( $(date +%s) - T0 )) s"
 ROWS="smollm2-135m:1:16384 smollm2-135m:1:32768 gemma3:1:16384 gemma3:1:65536 gemma3:4:16384 qwen3-8b:1:65536 qwen3-8b:4:65536"
