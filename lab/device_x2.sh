@@ -17,13 +17,13 @@ if [ "$GPU" = h200 ]; then
     --gpu-layers 12 --out $OUT/memory_h200.json 2>&1 | grep -E "gaac_vs|wrote|rror" | sed 's/.stats.*gaac_vs/ gaac_vs/' | tail -4
   echo "memory done after $(( $(date +%s) - T0 )) s"
 fi
-timeout $(( TMAX / 4 > 170 ? 170 : TMAX / 4 )) python3 -m pytest -q -m gpu -x tests/test_v4_gpu.py tests/test_cuda_attention.py tests/test_cuda_fused.py \
+timeout $(( TMAX / 2 > 210 ? 210 : TMAX / 2 )) python3 -m pytest -q -m gpu -x tests/test_v4_gpu.py tests/test_cuda_attention.py tests/test_cuda_fused.py \
   tests/test_cuda_graphs_gpu.py 2>&1 | tail -4
 echo "tests done after $(( $(date +%s) - T0 )) s"
 ROWS="smollm2-135m:1:16384 smollm2-135m:1:32768 gemma3:1:16384 gemma3:1:65536 gemma3:4:16384 qwen3-8b:1:65536 qwen3-8b:4:65536"
 LEFT=$(( TMAX - ($(date +%s) - T0) ))
-B=$(( LEFT / 3 - 20 )); [ $B -gt 80 ] && B=80
-for V in tree flat; do
+NV=$(( $(echo ${VARIANTS:-tree flat} | wc -w) + 1 )); B=$(( LEFT / NV - 20 )); [ $B -gt 80 ] && B=80
+for V in ${VARIANTS:-tree flat}; do
   MC=""; [ $V = flat ] && MC="--merge-chunk 0"
   timeout $(( B + 20 )) python3 eval/bench_attention_v4.py --grid-cases $ROWS --layouts shuffled --budget-s $B $MC \
     --out $OUT/attention_rows_${GPU}_merge_${V}.json 2>&1 | grep -E "B=|rror|wrote" | cut -c1-150

@@ -46,14 +46,8 @@ def _smem_bytes(d: int, warps: int, stages: int) -> int:
 
 def merge_smem_bytes(group: int, splits: int, head_dim: int, warps: int) -> int:
     """Shared memory the last CTA's split merge needs (attend.cuh ``finish``): ``group * splits`` float
-    weights, then (when ``parts > 1`` threads share an item) ``parts * items`` float4 partials, where an
-    item is (head, 4 channels) and ``parts`` is the largest power of two with ``parts * items`` within
-    the ``32 * warps`` softmax threads and ``parts`` within ``splits``. Mirrors the device code."""
-    items = group * head_dim // 4
-    parts = 1
-    while 2 * parts * items <= 32 * warps and 2 * parts <= splits:
-        parts *= 2
-    return (4 * group * splits + 15) // 16 * 16 + (16 * parts * items if parts > 1 else 0)
+    weights (at either merge level)."""
+    return 4 * group * splits
 
 
 # The last CTA's merge reads every split's partial (G * D * 4 bytes each) through L2 alone: one kv head of

@@ -242,8 +242,7 @@ __device__ __forceinline__ void merge_splits(const Output& dst, unsigned char* s
                                              bool final, int nthreads) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = nthreads >> 5;
   const int splits = dst.splits;
-  // weights of the splits per head in shared memory (then the float4 partials of the
-  // parts; the host sizes both with merge_smem_bytes for n = splits)
+  // weights of the splits per head in shared memory (the host sizes it for n = splits: merge_smem_bytes)
   float* wts = reinterpret_cast<float*>(smem);
   for (int i = tid; i < G * n; i += nthreads) {
     const int head = i / n, k = i % n;
@@ -271,25 +270,17 @@ __device__ __forceinline__ void merge_splits(const Output& dst, unsigned char* s
       dst.part_lse[(dst.row0 + head) * splits + first] = wsum > 0.f ? ref + log2_approx(wsum) : GAAC_NEG_INF;
   }
   __syncthreads();
-  // (head, 4 channels) items, each summed over the splits by `parts` threads (a power of two fixed by
-  // THREADS, G, D and n only, so the fused kernels and their BF16 twin add in the same order
-  // whatever helper threads they carry). Thread (part, item) adds splits part, part + parts, ... in
-  // order into a float4 partial in shared memory; then one thread per item adds the partials in part
-  // order. SmolLM2 (G*D/4 = 48 items) used 48 of 256 threads looping over 44 splits; 4 parts cut the
-  // serial chain to 11 loads (the FlashDecoding combine spreads splits over threads the same way).
+  // one thread per (head, 4 channels) item: float4 loads of every split's partial, 16 in flight. Spreading an
+  // item over several threads (partials added through shared memory, 8 in flight) was slower on the H100:
+  // SmolLM2 B=1 16K 12.7 -> 14.7 us, Gemma3 B=1 16K 24.4 -> 27.1 (lab/results/x2_session24/).
   constexpr int D4 = D / 4;
-  const int items = G * D4;
-  int parts = 1;
-  while (2 * parts * items <= THREADS && 2 * parts <= n) parts *= 2;
-  float4* scratch = reinterpret_cast<float4*>(smem + ((4 * G * splits + 15) & ~15));
-  for (int u = tid; u < parts * items; u += nthreads) {
-    const int part = u / items, item = u % items;
-    const int head = item / D4, d4 = item % D4;
+  for (int i = tid; i < G * D4; i += nthreads) {
+    const int head = i / D4, d4 = i % D4;
     const float* w = wts + head * n;
     const float4* po = reinterpret_cast<const float4*>(dst.part_o + ((dst.row0 + head) * splits + first) * D) + d4;
     float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
-#pragma unroll 8
-    for (int s2 = part; s2 < n; s2 += parts) {
+#pragma unroll 16
+    for (int s2 = 0; s2 < n; ++s2) {
       const float4 x = __ldcg(po + s2 * stride * D4);
       const float ww = w[s2];
       a0 += ww * x.x;
@@ -297,25 +288,7 @@ __device__ __forceinline__ void merge_splits(const Output& dst, unsigned char* s
       a2 += ww * x.z;
       a3 += ww * x.w;
     }
-    if (parts == 1) {
-      store_item(dst, head, d4, first, final, make_float4(a0, a1, a2, a3));
-    } else {
-      scratch[u] = make_float4(a0, a1, a2, a3);
-    }
-  }
-  if (parts == 1) return;
-  __syncthreads();
-  for (int item = tid; item < items; item += nthreads) {
-    const int head = item / D4, d4 = item % D4;
-    float4 a = scratch[item];
-    for (int part = 1; part < parts; ++part) {
-      const float4 x = scratch[part * items + item];
-      a.x += x.x;
-      a.y += x.y;
-      a.z += x.z;
-      a.w += x.w;
-    }
-    store_item(dst, head, d4, first, final, a);
+    store_item(dst, head, d4, first, final, make_float4(a0, a1, a2, a3));
   }
 }
 
