@@ -44,7 +44,7 @@ def _smem_bytes(d: int, warps: int, stages: int) -> int:
     return 2 * stages * 16 * warps * (d + 8) * 2
 
 
-def merge_smem_bytes(group: int, splits: int, head_dim: int, warps: int) -> int:
+def merge_smem_bytes(group: int, splits: int) -> int:
     """Shared memory the last CTA's split merge needs (attend.cuh ``finish``): ``group * splits`` float
     weights (at either merge level)."""
     return 4 * group * splits
@@ -143,7 +143,7 @@ def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, 
     splits = max(1, math.ceil(max_tokens / tps))
     # the same dynamic shared memory also holds the warp merge and the split weights of the merge
     nt8 = 8 * math.ceil(group / 8)
-    smem = max(smem, 4 * (2 * warps * nt8 + warps * nt8 * head_dim), merge_smem_bytes(group, splits, head_dim, warps))
+    smem = max(smem, 4 * (2 * warps * nt8 + warps * nt8 * head_dim), merge_smem_bytes(group, splits))
     if smem > MAX_SMEM:
         raise ValueError(f"{splits} splits x {group} heads do not fit the merge in shared memory")
     defines = dict(HEAD_DIM=head_dim, GROUP=group, PAGE=block_size, WARPS=warps, STAGES=stages,

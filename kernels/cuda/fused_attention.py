@@ -188,7 +188,7 @@ def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, 
     splits = max(1, math.ceil(max_tokens / tps))
     nt8 = 8 * math.ceil(group / 8)
     smem = max(smem, 4 * (2 * warps * nt8 + warps * nt8 * head_dim),
-               merge_smem_bytes(group, splits, head_dim, warps))
+               merge_smem_bytes(group, splits))
     if smem + static > MAX_SMEM:
         raise ValueError(f"{splits} splits x {group} heads do not fit the merge in shared memory")
     defines = dict(HEAD_DIM=head_dim, QUERY_GROUP=group, PAGE=block_size, WARPS=warps, STAGES=stages,
