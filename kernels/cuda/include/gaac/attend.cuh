@@ -300,7 +300,7 @@ __device__ __forceinline__ void merge_splits(const Output& dst, unsigned char* s
 // (warps 0 .. W-1) and, in a warp-specialised kernel, `nthreads - THREADS` more that help merge.
 __device__ __forceinline__ void finish(const WarpState& st, unsigned char* smem, const Output& dst,
                                        int nthreads = THREADS) {
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = nthreads >> 5;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t4 = lane & 3;
   const int splits = dst.splits, split = dst.split;
   float* sm_m = reinterpret_cast<float*>(smem);  // [W][NT*8]
