@@ -11,8 +11,8 @@ import transformers
 
 from gaac_hf.cache.pages import TRASH_FRAMES, PageStore, slot_bytes_for
 
-SERVING = pytest.mark.skipif(".".join(transformers.__version__.split(".")[:2]) not in ("5.17", "5.23", "5.24"),
-                             reason="GAAC serving adapts the 5.17 and 5.23/5.24 continuous-batching engines")
+SERVING = pytest.mark.skipif(".".join(transformers.__version__.split(".")[:2]) not in ("5.17", "5.23", "5.24", "5.25"),
+                             reason="GAAC serving adapts the 5.17 and 5.23-5.25 continuous-batching engines")
 
 
 @pytest.fixture(scope="module")
@@ -340,7 +340,7 @@ def test_gaac_serving_errors(smollm2):
     from gaac_hf.integrations.serving import bf16_serving_config, check_version, gaac_serving
 
     model, _ = smollm2
-    with pytest.raises(RuntimeError, match="supports transformers 5.17, 5.23, 5.24.*this is 5.19.0"):
+    with pytest.raises(RuntimeError, match="supports transformers 5.17, 5.23, 5.24, 5.25.*this is 5.19.0"):
         check_version("5.19.0")
     check_version("5.17.0")
     with pytest.raises(ValueError, match="pass one of kv_budget_bytes"):
@@ -438,6 +438,44 @@ def test_gaac_serve_builds_gaac_managers_and_forwards_its_arguments(smollm2, mon
     assert ContinuousMixin.init_continuous_batching is before
     with pytest.raises(SystemExit):
         serve.main(["--kv-budget-gb", "2"])  # no --calibration
+
+
+class _FakeEngine:
+    """Stands in for transformers 5.25's EngineClient in test_gaac_serve_reaches_the_model_process."""
+    seen: list = []
+
+    @staticmethod
+    def run_engine(*args):
+        from transformers.generation.continuous_batching.continuous_api import ContinuousMixin
+        _FakeEngine.seen.append((args, ContinuousMixin.init_continuous_batching.__qualname__))
+
+
+@SERVING
+def test_gaac_serve_reaches_the_model_process(monkeypatch):
+    """From 5.25 the server spawns a process per model: gaac_server swaps that process's entry for a
+    picklable one that opens the GAAC wrap there, then runs transformers' entry; undone on exit."""
+    import pickle
+
+    from transformers.generation.continuous_batching.continuous_api import ContinuousMixin
+
+    from gaac_hf.integrations.serving import serve
+
+    if serve._model_process_entry() is None:
+        pytest.skip("this transformers serves its models in its own process (before 5.25, or no serving extras)")
+    engine_cls = serve._model_process_entry()
+    before = engine_cls.__dict__["run_engine"]
+    with serve.gaac_server("smollm2-135m", kv_budget_bytes=96 << 20, open_pages=16):
+        entry = engine_cls.run_engine
+        assert entry.func is serve._engine_under_gaac and entry.args[0]["kv_budget_bytes"] == 96 << 20
+        shipped = pickle.loads(pickle.dumps(entry))  # what the spawned process receives
+    assert engine_cls.__dict__["run_engine"] is before
+    assert shipped.args == entry.args
+    # in "the model's process": transformers' entry runs inside the wrap, which is undone after it
+    monkeypatch.setattr(serve, "_ENGINE_ENTRY", (__name__, "_FakeEngine", "run_engine"))
+    _FakeEngine.seen.clear()
+    shipped("load", "state")
+    assert _FakeEngine.seen == [(("load", "state"), "gaac_server.<locals>.init_continuous_batching")]
+    assert ContinuousMixin.init_continuous_batching.__qualname__ != "gaac_server.<locals>.init_continuous_batching"
 
 
 def test_page_store_warns_once_when_blocks_overflow(smollm2, wikitext_test, table):

@@ -7,7 +7,7 @@
     serving.stats()   # bytes and blocks of the GAAC pool the engine used
 
 Inside the ``with`` block the engine's paged cache stores full-attention blocks as GAAC slots
-(:mod:`gaac_hf.cache.pages`; how it plugs in: :mod:`.engine_524` for transformers 5.23/5.24,
+(:mod:`gaac_hf.cache.pages`; how it plugs in: :mod:`.engine_524` for transformers 5.23-5.25,
 :mod:`.engine_517` for 5.17, both on :mod:`.batch`), so a KV budget holds ~1.3-1.4x the blocks of
 BF16 and the engine's own scheduler admits and preempts on that real free space. On exit the one
 patched symbol (``continuous_api.PagedAttentionCache``) is restored (on 5.17 also the model's attention
@@ -35,7 +35,7 @@ from ...cache.pages import TRASH_FRAMES, slot_bytes_for
 
 #: releases whose continuous-batching engine this integration is written for (major.minor); 5.17 and
 #: 5.24 are tested (tests/test_serving.py runs on whichever is installed), 5.23 shares 5.24's engine
-SUPPORTED = ("5.17", "5.23", "5.24")
+SUPPORTED = ("5.17", "5.23", "5.24", "5.25")
 #: set to 1 to try an unsupported release anyway (at your own risk: outputs are still checked by nothing)
 UNTESTED_ENV = "GAAC_SERVING_UNTESTED"
 #: defaults of the GAAC serving config where the user sets nothing (they fix the number of open frames)

@@ -5,10 +5,10 @@ step the page store can leave the layer's pages as a :class:`~gaac_hf.kernels.pa
 (:meth:`~.batch.BatchPages.layer_step`); the wrappers here take it and run
 :func:`~gaac_hf.kernels.cuda.fused_attention.gaac_decode_attention_v3` on the packed queries, and call the
 engine's function unchanged otherwise. Inside the ``with`` block the wrapper replaces one entry of
-transformers' ``AttentionInterface`` mapping (``"sdpa"`` on 5.23/5.24, ``"paged|sdpa"`` on 5.17);
+transformers' ``AttentionInterface`` mapping (``"sdpa"`` on 5.23-5.25, ``"paged|sdpa"`` on 5.17);
 :func:`~gaac_hf.integrations.serving.gaac_serving` puts the original back on exit.
 
-How the PagedKV reaches the attention call: 5.23/5.24 pass one kwargs dict to ``cache.update`` and then
+How the PagedKV reaches the attention call: 5.23-5.25 pass one kwargs dict to ``cache.update`` and then
 to the attention function, so the cache's ``update`` puts it there under :data:`FUSED_KWARG`; 5.17's
 paged attention function calls ``cache.update`` itself, so its wrapper asks the batch directly.
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-#: the kwargs key a 5.23/5.24 cache's update() leaves the layer's PagedKV under
+#: the kwargs key a 5.23-5.25 cache's update() leaves the layer's PagedKV under
 FUSED_KWARG = "gaac_paged_kv"
 
 
@@ -36,7 +36,7 @@ def fused_call(query: torch.Tensor, paged, scaling: float | None) -> torch.Tenso
 
 
 def sdpa_524(original):
-    """The 5.23/5.24 ``"sdpa"`` entry: the fused kernel when the cache left a PagedKV, else ``original``."""
+    """The 5.23-5.25 ``"sdpa"`` entry: the fused kernel when the cache left a PagedKV, else ``original``."""
     def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
         paged = kwargs.pop(FUSED_KWARG, None)
         if paged is not None:

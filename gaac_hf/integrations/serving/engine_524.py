@@ -1,4 +1,4 @@
-"""GAAC pages inside transformers' continuous batching, releases 5.23-5.24 (sectors and allocators).
+"""GAAC pages inside transformers' continuous batching, releases 5.23-5.25 (sectors and allocators).
 
 In these releases ``PagedAttentionCache`` (``generation/continuous_batching/cache.py``) cuts one flat
 byte tensor into sectors and hands them to one *allocator* per attention type; the allocator of the

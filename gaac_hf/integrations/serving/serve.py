@@ -10,11 +10,19 @@ and limits given here, ``--cb-max-batch-tokens`` from the server's flags) inside
 :func:`~gaac_hf.integrations.serving.gaac_serving`, so its paged cache keeps GAAC pages. Patched, and
 restored when the server exits: ``ContinuousMixin.init_continuous_batching`` and what ``gaac_serving``
 patches (``continuous_api.PagedAttentionCache``).
+
+From transformers 5.25 the server loads each model in a process of its own (``multiprocessing`` spawn,
+``transformers.cli.serving.model_manager.EngineClient.start_process``), which imports transformers afresh:
+a wrap made in the server's process never reaches it. So :func:`gaac_server` also replaces the model
+process's entry ``EngineClient.run_engine`` with :func:`_engine_under_gaac` (a picklable partial holding
+the GAAC settings), which opens the same wrap inside the model's process before the engine runs.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
+import importlib
 import logging
 import sys
 
@@ -44,11 +52,56 @@ def gaac_server(calibration, *, kv_budget_bytes: int, slot_fraction: float = DEF
         return original(self, generation_config, session.config, **kwargs)
 
     ContinuousMixin.init_continuous_batching = init_continuous_batching
+    settings = dict(calibration=calibration, kv_budget_bytes=kv_budget_bytes, slot_fraction=slot_fraction,
+                    open_pages=open_pages, max_requests_per_batch=max_requests_per_batch)
+    engine_cls = _model_process_entry()
+    if engine_cls is not None:
+        original_entry = engine_cls.__dict__["run_engine"]
+        engine_cls.run_engine = staticmethod(functools.partial(_engine_under_gaac, settings))
     try:
         with stack:
             yield sessions
     finally:
         ContinuousMixin.init_continuous_batching = original
+        if engine_cls is not None:
+            engine_cls.run_engine = original_entry
+
+
+#: where transformers 5.25+ keeps the entry of a served model's own process (module, class, staticmethod)
+_ENGINE_ENTRY = ("transformers.cli.serving.model_manager", "EngineClient", "run_engine")
+
+
+def _model_process_entry():
+    """The class whose ``run_engine`` a spawned model process runs (5.25+), or None where the server
+    keeps its models in its own process (5.17-5.24; the server extras absent)."""
+    module, cls, name = _ENGINE_ENTRY
+    try:
+        engine_cls = getattr(importlib.import_module(module), cls)
+    except (ImportError, AttributeError):
+        return None
+    return engine_cls if isinstance(engine_cls.__dict__.get(name), staticmethod) else None
+
+
+def _engine_under_gaac(settings: dict, *args) -> None:
+    """A served model's process (5.25+): the GAAC wrap of :func:`gaac_server` opened here, in the process
+    that builds the manager, then transformers' own entry (looked up here, where nothing patched it)."""
+    _log_to_stderr()
+    module, cls, name = _ENGINE_ENTRY
+    entry = getattr(getattr(importlib.import_module(module), cls), name)
+    if isinstance(entry, functools.partial):  # the spawn re-imported nothing of ours: never expected
+        raise RuntimeError("gaac-serve: the model process's engine entry is still wrapped")
+    with gaac_server(**settings):
+        entry(*args)
+
+
+def _log_to_stderr() -> None:
+    """The ``[gaac-serve]`` lines (the pool each manager gets) on stderr, once per process."""
+    if not any(getattr(h, "_gaac", False) for h in logger.handlers):
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("[gaac-serve] %(message)s"))
+        handler._gaac = True
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
 
 
 def _run_transformers_serve(argv: list[str]) -> None:
@@ -71,10 +124,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(ours)
     if args.kv_budget_gb <= 0:
         ap.error("--kv-budget-gb must be positive")
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("[gaac-serve] %(message)s"))
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
+    _log_to_stderr()
     if "--continuous-batching" not in rest:
         rest = ["--continuous-batching", *rest]
     with gaac_server(args.calibration, kv_budget_bytes=int(args.kv_budget_gb * (1 << 30)), slot_fraction=args.slot_fraction,
