@@ -85,7 +85,7 @@ class GAACCache(Cache):
         gaac_hf.register()                       # once, before loading: attn_implementation="gaac"
         model = AutoModelForCausalLM.from_pretrained(..., dtype=torch.bfloat16, attn_implementation="gaac")
         cache = gaac_hf.GAACCache(model.config, calibration="calibration_data/smollm2-135m.safetensors")
-        out = model.generate(**inputs, past_key_values=cache, cache_implementation=None)
+        out = model.generate(**inputs, cache=cache, cache_implementation=None)  # past_key_values= before 5.24
         print(cache.stats())
 
     Args:

@@ -182,7 +182,7 @@ def cuda_graphs(model, cache, horizon: int = 256, *, capture: bool = True):
     ``generate``).
 
         with cuda_graphs(model, cache, horizon=max_new_tokens):
-            out = model.generate(**inputs, past_key_values=cache, max_new_tokens=max_new_tokens)
+            out = model.generate(**inputs, cache=cache, max_new_tokens=max_new_tokens)  # past_key_values= before 5.24
     """
     import dataclasses
     import inspect
