@@ -1,6 +1,6 @@
 #!/bin/bash
 # Session 25, call Y4: issue 19's memory report on the H200 only (the H100 file exists: memory_h100.json); an H100
-# exits at once. Then the whole grid, both layouts (the product file at the landed merge). Prediction: memory
+# exits at once. Then the whole grid, both layouts (the product file at the landed merge). Predictions: notebook, Y4.
 export PYTHONUNBUFFERED=1 GAAC_COMMIT="$1" GAAC_DIRTY=0 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -q H100 && { echo "H100: nothing to do"; exit 0; }
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "pip -e failed"
