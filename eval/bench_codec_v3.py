@@ -29,7 +29,8 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+# (no sys.path insert of the repo root: its kernels/ folder would shadow the PyPI `kernels` that transformers
+# 5.25 imports for hub kernels; gaac_hf comes from the install, README command 1)
 
 from gaac_hf.kernels.cuda import codec_v3 as cu  # noqa: E402
 from gaac_hf.codec.v3 import encode_blocks_v3, pack_blocks  # noqa: E402

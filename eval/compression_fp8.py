@@ -27,7 +27,8 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+# (no sys.path insert of the repo root: its kernels/ folder would shadow the PyPI `kernels` that transformers
+# 5.25 imports for hub kernels; gaac_hf comes from the install, README command 1)
 sys.path.insert(0, str(REPO / "eval"))
 
 import harness  # noqa: E402

@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+# (no sys.path insert of the repo root: its kernels/ folder would shadow the PyPI `kernels` that transformers
+# 5.25 imports for hub kernels; gaac_hf comes from the install, README command 1)
 DATA = REPO.parent / "shared" / "data"
 
 from gaac_hf.codec.v3 import decode_blocks_v3, encode_blocks_v3, stored_bytes  # noqa: E402

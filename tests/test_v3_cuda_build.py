@@ -33,6 +33,26 @@ def test_kernels_compile_without_local_memory(tmp_path, head_dim):
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_prefetch_experiment_compiles_in_budget_and_is_off_by_default(tmp_path, head_dim):
+    """DECODE_PREFETCH (issue 14's L2 prefetch of a later item, a lab knob) keeps the decoders free of local
+    memory and in their register budget; unset, the cubin is byte-identical to DECODE_PREFETCH=0."""
+    cubins = {}
+    for k in (None, 0, 2):
+        out = tmp_path / f"k{k}.cubin"
+        cmd = sass_decoder.nvcc_cmd(head_dim, str(out))
+        if k is not None:
+            cmd.insert(-3, f"-DDECODE_PREFETCH={k}")
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        cubins[k] = out.read_bytes()
+        for name, res in sass_decoder.ptxas_report(r.stdout + r.stderr).items():
+            assert res["stack"] == res["spill_stores"] == res["spill_loads"] == 0, (k, name, res)
+            assert res["registers"] <= BUDGET[name], (k, name, res)
+    assert cubins[None] == cubins[0]
+    assert cubins[2] != cubins[0]  # the knob reaches the kernel
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_decoder_instructions_per_value(tmp_path, head_dim):
     row = sass_decoder.measure(head_dim, str(tmp_path), sass_decoder.wide_share())
     assert 0 < row["warp_instr_per_value"] <= 0.15, row

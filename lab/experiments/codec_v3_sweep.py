@@ -32,15 +32,16 @@ from bench_codec_v3 import tile_pool, timed, widen  # noqa: E402
 
 
 W1_GRID = False
-VARIANTS: list = []  # --variants W:M:S:T ...
+VARIANTS: list = []  # --variants W:M:S:T[:P] ...
 
 
 def variants(segs: int) -> list[dict]:
     """Call W2 (session 22): the old default, W1's best and the bulk-store candidates (DECODE_THREADS 128 fits
     4-segment staged windows in 32 KB); --w1 gives call W1's grid."""
     if VARIANTS:
-        return [dict(WINDOW_SEGS=min(w, segs), DECODE_MIN_CTAS=m, REDUCE_MIN_CTAS=m, DECODE_STAGE=st, DECODE_THREADS=t)
-                for w, m, st, t in VARIANTS]
+        return [dict(WINDOW_SEGS=min(w, segs), DECODE_MIN_CTAS=m, REDUCE_MIN_CTAS=m, DECODE_STAGE=st, DECODE_THREADS=t,
+                     DECODE_PREFETCH=(rest or (0,))[0])
+                for w, m, st, t, *rest in VARIANTS]
     if not W1_GRID:
         whole = (segs + (segs + 7) // 8 - 1) // ((segs + 7) // 8)
         v = lambda w, m, s, t: dict(WINDOW_SEGS=min(w, segs), DECODE_MIN_CTAS=m, REDUCE_MIN_CTAS=m, DECODE_STAGE=s, DECODE_THREADS=t)  # noqa: E731
@@ -128,7 +129,7 @@ def main() -> int:
     ap.add_argument("--head-dims", default="64,128,256")
     ap.add_argument("--out", required=True)
     ap.add_argument("--w1", action="store_true", help="call W1's grid of knobs")
-    ap.add_argument("--variants", nargs="+", metavar="W:M:S:T", help="window segments, min CTAs, stage, threads")
+    ap.add_argument("--variants", nargs="+", metavar="W:M:S:T[:P]", help="window segments, min CTAs, stage, threads[, L2 prefetch distance in items]")
     args = ap.parse_args()
     global W1_GRID, VARIANTS
     W1_GRID = args.w1

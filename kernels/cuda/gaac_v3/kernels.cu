@@ -335,6 +335,35 @@ __device__ __forceinline__ void decode_item(const uint8_t* __restrict__ pool, lo
   }
 }
 
+// DECODE_PREFETCH = k > 0 (an experiment, issue 14; off by default, the cubin unchanged): after each item, the warp
+// asks L2 for the fixed part of its item k grid strides ahead (the window's sign/mantissa bytes and code words, or
+// its raw values), one 128-byte line per lane and instruction, so that item's first loads find L2 rather than
+// DRAM. Its block-table entry is loaded at the top of the item, so the item's own work covers that load. The
+// loads of a window are short dependent chains per warp (W3/W4: 89-93% of the bound on the H100 at 4-7 CTAs per
+// SM); a software prefetch one or two items ahead is the usual cure where registers cannot double-buffer (the
+// L2-prefetch habit of memory-bound CUDA kernels; our own code). A hint only: the decoded bits cannot change.
+#ifndef DECODE_PREFETCH
+#define DECODE_PREFETCH 0
+#endif
+#if DECODE_PREFETCH && !defined(GAAC_FP8)
+__device__ __forceinline__ void prefetch_l2_lines(const uint8_t* p, int bytes, int lane) {
+  for (int off = 128 * lane; off < bytes; off += 32 * 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + off));
+}
+__device__ __forceinline__ void prefetch_item(const uint8_t* __restrict__ pool, long long ent, int wdx, int lane) {
+  const uint8_t* blk = block_ptr(pool, ent);
+  const int s_lo = WIN * wdx, s_hi = s_lo + WIN < GEO.segs ? s_lo + WIN : GEO.segs;
+  if (ent & ENTRY_RAW_BIT) {
+    const int v_hi = s_hi * 1024 < NUMEL ? s_hi * 1024 : NUMEL;
+    prefetch_l2_lines(blk + 2 * 1024 * s_lo, 2 * (v_hi - 1024 * s_lo), lane);
+    return;
+  }
+  const int sm_hi = 1024 * s_hi < GEO.code_off ? 1024 * s_hi : GEO.code_off;
+  prefetch_l2_lines(blk + 1024 * s_lo, sm_hi - 1024 * s_lo, lane);
+  const int c_lo = code_word_off(GEO, s_lo, 0, 0), c_hi = s_hi < GEO.segs ? code_word_off(GEO, s_hi, 0, 0) : GEO.segtab_off;
+  prefetch_l2_lines(blk + c_lo, c_hi - c_lo, lane);
+}
+#endif
+
 // Grid-stride loop over (block, window) items, one warp per item; returns this lane's XOR fold.
 template <int MODE>
 __device__ __forceinline__ uint32_t run_items(const uint8_t* __restrict__ pool, const long long* __restrict__ entries,
@@ -342,10 +371,18 @@ __device__ __forceinline__ uint32_t run_items(const uint8_t* __restrict__ pool, 
                                               int n_blocks) {
   const int lane = threadIdx.x & 31;
   const unsigned warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, nwarps = (gridDim.x * blockDim.x) >> 5;
+  const unsigned items = (unsigned)n_blocks * NWIN;  // n_blocks * NWIN < 2^32
   uint32_t acc = 0;
-  for (unsigned item = warp; item < (unsigned)n_blocks * NWIN; item += nwarps) {  // n_blocks * NWIN < 2^32
+  for (unsigned item = warp; item < items; item += nwarps) {
     const int i = (int)(item / NWIN), wdx = (int)(item % NWIN);
+#if DECODE_PREFETCH && !defined(GAAC_FP8)
+    const unsigned ahead = item + DECODE_PREFETCH * nwarps;
+    const long long ent_ahead = ahead < items ? entries[ahead / NWIN] : 0;
+#endif
     decode_item<MODE>(pool, entries[i], i, wdx, lane, b8p, dbp, base_stride, out, acc);
+#if DECODE_PREFETCH && !defined(GAAC_FP8)
+    if (ahead < items) prefetch_item(pool, ent_ahead, (int)(ahead % NWIN), lane);
+#endif
   }
   return acc;
 }
