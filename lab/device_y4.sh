@@ -17,6 +17,6 @@ timeout 130 python3 eval/memory_report.py --gpu --contexts 32768 65536 --gpu-lay
   | grep -E "gaac_vs|wrote|rror" | sed 's/.stats.*gaac_vs/ gaac_vs/' | tail -6
 echo "memory done after $SECONDS s"
 (cd /tmp && timeout 60 python3 $R/eval/bench_codec_v3.py --kv $R/.kvdump/smollm2_kv_v3.pt --out $OUT/codec_v3_h200.json 2>&1 | grep -E "^d=|wrote|rror")
-timeout $(( 410 - SECONDS )) python3 eval/bench_attention_v4.py --budget-s $(( 370 - SECONDS )) --layouts shuffled in_order \
+timeout $(( ${2:-410} - SECONDS )) python3 eval/bench_attention_v4.py --budget-s $(( ${2:-410} - 40 - SECONDS )) --layouts shuffled in_order \
   --out $OUT/attention_h200.json 2>&1 | grep -v Warn | grep -E "B=|wrote|rror|cut" | cut -c1-150 | tail -48
 echo "done after $SECONDS s"
