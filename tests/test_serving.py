@@ -476,6 +476,12 @@ def test_gaac_serve_reaches_the_model_process(monkeypatch):
     shipped("load", "state")
     assert _FakeEngine.seen == [(("load", "state"), "gaac_server.<locals>.init_continuous_batching")]
     assert ContinuousMixin.init_continuous_batching.__qualname__ != "gaac_server.<locals>.init_continuous_batching"
+    # an entry that moved (a later release) is an error, not a server quietly running BF16 pages
+    monkeypatch.setattr(serve, "_ENGINE_ENTRY", ("transformers.cli.serving.model_manager", "EngineClient", "gone"))
+    with pytest.raises(RuntimeError, match="serves each model in a process of its own"):
+        with serve.gaac_server("smollm2-135m", kv_budget_bytes=96 << 20):
+            pass
+    assert ContinuousMixin.init_continuous_batching.__qualname__ != "gaac_server.<locals>.init_continuous_batching"
 
 
 def test_page_store_warns_once_when_blocks_overflow(smollm2, wikitext_test, table):

@@ -26,6 +26,8 @@ import importlib
 import logging
 import sys
 
+import transformers
+
 from . import DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_REQUESTS, DEFAULT_SLOT_FRACTION, gaac_serving
 
 logger = logging.getLogger("gaac_hf.serving")
@@ -51,10 +53,14 @@ def gaac_server(calibration, *, kv_budget_bytes: int, slot_fraction: float = DEF
                     session.config.num_blocks, session.page_size, session.open_pages, session.slot_bytes)
         return original(self, generation_config, session.config, **kwargs)
 
+    engine_cls = _model_process_entry()
+    if engine_cls is None and _serves_in_model_processes():
+        raise RuntimeError(f"gaac-serve: this transformers ({transformers.__version__}) serves each model in a process of its "
+                           f"own, but its entry {'.'.join(_ENGINE_ENTRY)} was not found, so GAAC pages would not reach it "
+                           "(the server would run BF16 pages). Use a transformers release gaac-serve supports.")
     ContinuousMixin.init_continuous_batching = init_continuous_batching
     settings = dict(calibration=calibration, kv_budget_bytes=kv_budget_bytes, slot_fraction=slot_fraction,
                     open_pages=open_pages, max_requests_per_batch=max_requests_per_batch)
-    engine_cls = _model_process_entry()
     if engine_cls is not None:
         original_entry = engine_cls.__dict__["run_engine"]
         engine_cls.run_engine = staticmethod(functools.partial(_engine_under_gaac, settings))
@@ -80,6 +86,11 @@ def _model_process_entry():
     except (ImportError, AttributeError):
         return None
     return engine_cls if isinstance(engine_cls.__dict__.get(name), staticmethod) else None
+
+
+def _serves_in_model_processes() -> bool:
+    """Whether this transformers' server loads models in processes of their own (5.25 on)."""
+    return tuple(int(x) for x in transformers.__version__.split(".")[:2]) >= (5, 25)
 
 
 def _engine_under_gaac(settings: dict, *args) -> None:
