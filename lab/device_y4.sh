@@ -8,14 +8,16 @@ GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -q H100
 echo "gpu: $GPU"
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "pip -e failed"
 R=$(pwd)
-(cd /tmp && timeout 120 python3 $R/lab/experiments/codec_v3_sweep.py --kv "$R/.kvdump/smollm2_kv_v3.pt" \
+[ "$GPU" = h200 ] && {
+timeout 110 python3 eval/memory_report.py --gpu --contexts 32768 65536 --gpu-layers 12 --out $OUT/memory_h200.json 2>&1 \
+  | grep -E "gaac_vs|wrote|rror" | sed 's/.stats.*gaac_vs/ gaac_vs/' | tail -6
+echo "memory done after $SECONDS s"
+}
+(cd /tmp && timeout ${SWEEP_S:-120} python3 $R/lab/experiments/codec_v3_sweep.py --kv "$R/.kvdump/smollm2_kv_v3.pt" \
   --variants 4:8:2:128:0 4:8:2:128:1 4:8:2:128:2 4:8:2:128:3 2:4:2:256:0 2:4:2:256:2 \
   --out $OUT/codec_v3_prefetch_${GPU}.json 2>&1 | grep -E "^d=|rror" | sed 's/; regs.*//')
 echo "sweep done after $SECONDS s"
 [ "$GPU" = h100 ] && exit 0
-timeout 130 python3 eval/memory_report.py --gpu --contexts 32768 65536 --gpu-layers 12 --out $OUT/memory_h200.json 2>&1 \
-  | grep -E "gaac_vs|wrote|rror" | sed 's/.stats.*gaac_vs/ gaac_vs/' | tail -6
-echo "memory done after $SECONDS s"
 (cd /tmp && timeout 60 python3 $R/eval/bench_codec_v3.py --kv $R/.kvdump/smollm2_kv_v3.pt --out $OUT/codec_v3_h200.json 2>&1 | grep -E "^d=|wrote|rror")
 timeout $(( ${2:-410} - SECONDS )) python3 eval/bench_attention_v4.py --budget-s $(( ${2:-410} - 40 - SECONDS )) --layouts shuffled in_order \
   --out $OUT/attention_h200.json 2>&1 | grep -v Warn | grep -E "B=|wrote|rror|cut" | cut -c1-150 | tail -48
