@@ -18,6 +18,7 @@ echo "memory done after $SECONDS s"
   --out $OUT/codec_v3_prefetch_${GPU}.json 2>&1 | grep -E "^d=|rror" | sed 's/; regs.*//')
 echo "sweep done after $SECONDS s"
 [ "$GPU" = h100 ] && exit 0
+[ $SECONDS -gt $(( ${2:-410} - 70 )) ] && { echo "no time left for the codec bench and grid"; exit 0; }
 (cd /tmp && timeout 60 python3 $R/eval/bench_codec_v3.py --kv $R/.kvdump/smollm2_kv_v3.pt --out $OUT/codec_v3_h200.json 2>&1 | grep -E "^d=|wrote|rror")
 timeout $(( ${2:-410} - SECONDS )) python3 eval/bench_attention_v4.py --budget-s $(( ${2:-410} - 40 - SECONDS )) --layouts shuffled in_order \
   --out $OUT/attention_h200.json 2>&1 | grep -v Warn | grep -E "B=|wrote|rror|cut" | cut -c1-150 | tail -48
