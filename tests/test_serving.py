@@ -5,6 +5,8 @@ values, incompressible pages that overflow), and the engine under GAAC must prod
 request, exactly the tokens of the engine's own BF16 paged cache making the same scheduling decisions
 (same block count), preemptions included.
 """
+import sys
+
 import pytest
 import torch
 import transformers
@@ -482,6 +484,36 @@ def test_gaac_serve_reaches_the_model_process(monkeypatch):
         with serve.gaac_server("smollm2-135m", kv_budget_bytes=96 << 20):
             pass
     assert ContinuousMixin.init_continuous_batching.__qualname__ != "gaac_server.<locals>.init_continuous_batching"
+
+
+@SERVING
+def test_gaac_serve_pages_the_spawned_model_process(capfd, monkeypatch):
+    """End to end where 5.25's server really spawns its model process: the manager built there has GAAC pages
+    (its log line on the process's stderr), which is what the server silently lost before the entry swap."""
+    import os
+
+    # the child gets this process's sys.path: without the checkout's root (``python -m pytest`` puts the working
+    # directory first), whose kernels/ would shadow the PyPI ``kernels`` that transformers 5.25 imports
+    root = os.path.realpath(os.path.join(os.path.dirname(__file__), ".."))
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if os.path.realpath(p or os.getcwd()) != root])
+    from gaac_hf.integrations.serving import serve
+    from gaac_hf.models import smollm2_dir
+
+    if serve._model_process_entry() is None:
+        pytest.skip("this transformers serves its models in its own process (before 5.25, or no serving extras)")
+    from transformers.cli.serving.model_manager import EngineClient, ModelLoader
+    from transformers.cli.serving.utils import GenerationState
+
+    loader = ModelLoader(device="cpu", dtype="bfloat16", continuous_batching=True)
+    with serve.gaac_server("smollm2-135m", kv_budget_bytes=96 << 20, open_pages=16, max_requests_per_batch=4):
+        process, _, _ = EngineClient.start_process(str(smollm2_dir()), loader, GenerationState(continuous_batching=True))
+    try:
+        assert process.is_alive()  # loaded, manager built, waiting for requests
+    finally:
+        process.terminate()
+        process.join(30)
+    err = capfd.readouterr().err
+    assert "[gaac-serve] GAAC pages for LlamaForCausalLM" in err, err[-2000:]
 
 
 def test_page_store_warns_once_when_blocks_overflow(smollm2, wikitext_test, table):
