@@ -436,7 +436,7 @@ class _BlockPoolV3(reserve.DeepcopyReserved):
     def compact(self, live: torch.Tensor) -> torch.Tensor:
         """Drop blocks no table references. ``live``: int64 entries in use (any shape); returns them
         renumbered into the compacted pool (same shape). Host syncs; only after crop / batch selection."""
-        flat = live.reshape(-1).to(torch.int64)
+        flat = live.reshape(-1).to(torch.int64).contiguous()  # a column of a table reshapes to a strided view
         keep = torch.unique(flat)  # sorted: blocks keep their order
         lens = self.block_lengths(keep) if keep.numel() else keep
         new_off = torch.cumsum(lens, 0) - lens
