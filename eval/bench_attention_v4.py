@@ -104,28 +104,47 @@ _try = harness.time_and_error
 SWEEP = [dict(num_warps=w, num_stages=s, ctas_per_sm=c, waves=x) for (w, s, c, x) in
          ((8, 2, 1, 1), (8, 3, 1, 1), (8, 4, 1, 1), (8, 4, 1, 2), (8, 6, 1, 1), (8, 2, 2, 1), (8, 3, 2, 1),
           (4, 2, 3, 1), (4, 2, 4, 1), (4, 3, 2, 1), (4, 4, 2, 1), (4, 4, 2, 2), (4, 6, 2, 1), (2, 4, 4, 1),
-          (2, 6, 4, 1), (2, 8, 4, 1), (4, 2, 1, 1), (2, 2, 3, 1), (2, 3, 2, 1), (4, 3, 1, 1))]
-# the last four: d = 256's 8 KB slots (W4 x 3 stages x 1 CTA is the BF16 twin's own launch: 19.4 us vs 22.6 at W4 S2)
+          (2, 6, 4, 1), (2, 8, 4, 1), (4, 2, 1, 1), (2, 2, 3, 1), (2, 3, 2, 1), (4, 3, 1, 1), (4, 2, 2, 1))]
+# (4, 2, 1, 1) on: d = 256's 8 KB slots (W4 x 3 stages x 1 CTA is the BF16 twin's own launch: 19.4 us vs 22.6 at W4
+# S2); the planner gives compact slots where full ones do not fit (d = 256: W8 x 2 x 1, W4 x 2 x 2)
 
 
-def sweep(case):
+def parse_launches(specs):
+    """``["8:2:1:1", ...]`` (warps:stages:ctas_per_sm:waves) -> sweep entries."""
+    out = []
+    for spec in specs:
+        parts = spec.split(":")
+        if len(parts) != 4 or not all(x.isdigit() for x in parts):
+            raise SystemExit(f"--sweep-launches takes W:S:C:X (warps, stages, CTAs per SM, waves), got {spec!r}")
+        w, st, c, x = map(int, parts)
+        out.append(dict(num_warps=w, num_stages=st, ctas_per_sm=c, waves=x))
+    return out
+
+
+def sweep(case, launches=None):
     from gaac_hf.kernels import LaunchConfig
     from gaac_hf.kernels.cuda import fused_attention_v4 as F4
     from gaac_hf.kernels.cuda.attention import _sm_count
 
     rows = []
-    for kw in SWEEP:
-        if (F4.smem_bytes(case.d, kw["num_warps"], kw["num_stages"]) + 1024) * kw["ctas_per_sm"] > 228 * 1024:
+    for kw in launches or SWEEP:
+        try:  # the planner decides what fits (compact slots where full ones do not)
+            p = F4.plan(case.B, case.hkv, case.hq // case.hkv, T, case.d, case.S + T, case.q.device,
+                        LaunchConfig(num_warps=kw["num_warps"], num_stages=kw["num_stages"],
+                                     ctas_per_sm=kw["ctas_per_sm"]))
+        except ValueError:
             continue
         if case.hq // case.hkv > 8 and kw["ctas_per_sm"] > 16 // kw["num_warps"]:
             continue
         streams = case.B * case.hkv
         splits = max(1, kw["waves"] * _sm_count(case.q.device) * kw["ctas_per_sm"] // streams)
+        # waves 0: the planner's own splits (at least one pipeline step each); else that many waves, >= 256 tokens each
         cfg = LaunchConfig(num_warps=kw["num_warps"], num_stages=kw["num_stages"], ctas_per_sm=kw["ctas_per_sm"],
-                           num_splits=min(splits, max(1, case.S // 256)))
+                           num_splits=p["splits"] if kw["waves"] == 0 else min(splits, max(1, case.S // 256)))
         us, _ = _try(f"gaac {kw}", lambda: case.gaac(cfg))
         same = case.bit_identical(cfg) if us else None
-        rows.append(dict(config=kw, splits=cfg.num_splits, us=us, bit_identical=same))
+        rows.append(dict(config=kw, splits=cfg.num_splits, compact_slots=p["defines"]["COMPACT_SLOTS"], us=us,
+                         bit_identical=same))
         print(f"  sweep {case.shape} B={case.B} {case.S}: {kw} splits {cfg.num_splits} -> {us} same={same}", flush=True)
     return rows
 
@@ -151,6 +170,8 @@ def main(argv=None):
                     help="pool layouts timed per row: `gaac` is always the shuffled one; in_order adds gaac_in_order")
     ap.add_argument("--sweep-cases", nargs="+", metavar="SHAPE:B:S",
                     help="sweep these cases instead of the default list, e.g. gemma3:1:16384")
+    ap.add_argument("--sweep-launches", nargs="+", metavar="W:S:C:X",
+                    help="sweep these launches (warps:stages:CTAs per SM:waves; waves 0 = the planner's splits) instead of the default list")
     ap.add_argument("--grid-cases", nargs="+", metavar="SHAPE:B:S", help="time these grid rows only")
     ap.add_argument("--budget-s", type=float, default=400)
     ap.add_argument("--merge-chunk", type=int, default=None,
@@ -169,7 +190,7 @@ def main(argv=None):
     if args.sweep or args.sweep_only:
         for shape, B, S in parse_cases(args.sweep_cases) if args.sweep_cases else SWEEP_CASES:
             case = Case(shape, B, S, dev)
-            result["sweep"][f"{shape}/B{B}/{S}"] = sweep(case)
+            result["sweep"][f"{shape}/B{B}/{S}"] = sweep(case, parse_launches(args.sweep_launches or []))
             del case
             torch.cuda.empty_cache()
             harness.write_result(args.out, result)

@@ -50,6 +50,37 @@ def test_planned_launch_compiles_without_spills(tmp_path, monkeypatch, d, g, str
     assert runtime.resource_problems(report, _cap(p["defines"])) == []
 
 
+# launches that fit only with compact slots (COMPACT_SLOTS: a compressed tile per slot; tests/test_v4_gpu.py runs them)
+COMPACT_PLANS = [(256, 4, dict(num_warps=8)), (256, 8, dict(num_warps=8)), (256, 4, dict(num_warps=4, ctas_per_sm=2)),
+                 (128, 4, dict(num_warps=8, num_stages=4)), (64, 3, dict(num_warps=8, num_stages=8, ctas_per_sm=1))]
+
+
+@pytest.mark.parametrize("d,g,kw", COMPACT_PLANS)
+def test_compact_slot_launches_compile_without_spills(tmp_path, monkeypatch, d, g, kw):
+    from gaac_hf.kernels.cuda import attention as A
+
+    monkeypatch.setattr(F4, "_sm_count", lambda device: 132)
+    p = F4.plan(1, 1, g, 64, d, 16384 + 64, None, LaunchConfig(**kw))
+    assert p["defines"]["COMPACT_SLOTS"] == 1
+    assert p["smem"] == max(F4.smem_bytes(d, kw["num_warps"], kw.get("num_stages", 2), compact=True),
+                            A.merge_smem_bytes(g, p["splits"]), 4 * (2 * kw["num_warps"] * 8 + kw["num_warps"] * 8 * d))
+    report = _build(tmp_path, dict(p["defines"], MERGE_CHUNK=A.merge_chunk(g, p["splits"], d)))
+    assert runtime.resource_problems(report, _cap(p["defines"])) == []
+
+
+def test_full_slots_build_the_same_kernel_as_before_compact_slots(tmp_path):
+    """COMPACT_SLOTS=0 (every default launch) compiles to the same SASS with or without the define spelled out."""
+    base = dict(HEAD_DIM=256, QUERY_GROUP=4, PAGE=64, WARPS=4, STAGES=2, MIN_CTAS_PER_SM=1, CONST_REGS=1)
+    cubins = []
+    for extra in ({}, dict(COMPACT_SLOTS=0), dict(COMPACT_SLOTS=1)):
+        out = tmp_path / f"k{len(cubins)}.cubin"
+        res = subprocess.run(runtime.nvcc_command(F4.SOURCE, base | extra, "sm_90a", str(out)), capture_output=True,
+                             text=True)
+        assert res.returncode == 0, res.stderr[-2000:]
+        cubins.append(out.read_bytes())
+    assert cubins[0] == cubins[1] and cubins[0] != cubins[2]
+
+
 @pytest.mark.parametrize("warps,ctas", [(4, 4), (8, 2), (2, 8)])
 def test_sixteen_warps_per_sm_fit_128_registers(tmp_path, warps, ctas):
     """The launches call R4 measured at 16 warps per SM (the fastest at d = 64 and for many streams at d = 128)."""
@@ -89,6 +120,12 @@ def test_planner_rules(monkeypatch):
     assert p["splits"] == 33 and p["tokens_per_split"] == 128  # SmolLM2 4K + tail block: rounding up gave 17 of 256
     p = F4.plan(1, 3, 3, 64, 64, 4096 + 64, None, LaunchConfig(num_splits=32))
     assert p["splits"] <= 32  # an asked count is a ceiling
+    for d in (64, 128, 256):  # the defaults keep full slots (no second copy on BF16 tiles)
+        assert F4.plan(1, 1, 4, 64, d, 65536 + 64, None, LaunchConfig())["defines"]["COMPACT_SLOTS"] == 0
+    p = F4.plan(1, 1, 4, 64, 256, 16384 + 64, None, LaunchConfig(num_warps=8))  # 270 KB of full slots: compact
+    assert p["defines"]["COMPACT_SLOTS"] == 1 and p["smem"] == 8192 + 8 * 2 * 2 * (24 * 256 + 32)
+    with pytest.raises(ValueError, match="even with compact slots"):
+        F4.plan(1, 1, 4, 64, 256, 4096, None, LaunchConfig(num_warps=8, num_stages=3))
     with pytest.raises(ValueError, match="num_stages"):
         F4.plan(1, 8, 4, 64, 128, 4096, None, LaunchConfig(num_stages=1))
     with pytest.raises(ValueError, match="shared memory"):

@@ -29,6 +29,7 @@ from gaac_hf.codec.v4 import decode_pool_v4, encode_blocks_v4, pack_blocks_v4, s
 from gaac_hf.format.v4 import GeometryV4  # noqa: E402
 from gaac_hf.kernels import LaunchConfig  # noqa: E402
 from gaac_hf.kernels.cuda.attention import bf16_decode_attention_tensors, pack_paged_bf16  # noqa: E402
+from gaac_hf.kernels.cuda import fused_attention_v4 as F4  # noqa: E402
 from gaac_hf.kernels.cuda.fused_attention_v4 import (decode_blocks_v4_cuda, gaac_decode_attention_v4,  # noqa: E402
                                                      pack_paged_v4, twin_config)
 from gaac_hf.kernels.reference import attention_reference  # noqa: E402
@@ -136,6 +137,23 @@ CASES = [  # (B, Hq, Hkv, D, T, seq_lens)
                                  LaunchConfig(num_splits=11, num_warps=4, merge_chunk=4),  # two-level merge, 4+4+3
                                  LaunchConfig(merge_chunk=0)])  # one-level merge where the default has two
 def test_bit_identical_to_bf16_twin_and_close_to_fp64(B, HQ, HKV, D, T, lens, cfg):
+    _case_check(B, HQ, HKV, D, T, lens, cfg)
+
+
+# launches whose full slots do not fit shared memory: the planner gives them compact slots (COMPACT_SLOTS), where a
+# tile with a kind stored as BF16 stages K over both slots and copies V after it
+COMPACT = {64: [LaunchConfig(num_warps=8, num_stages=8, ctas_per_sm=1)], 128: [LaunchConfig(num_warps=8, num_stages=4)],
+           256: [LaunchConfig(num_warps=8), LaunchConfig(num_warps=4, ctas_per_sm=2)]}
+
+
+@pytest.mark.parametrize("B,HQ,HKV,D,T,lens", CASES)
+def test_compact_slots_bit_identical(B, HQ, HKV, D, T, lens):
+    for cfg in COMPACT[D]:
+        assert F4.plan(B, HKV, HQ // HKV, T, D, 65536, DEV, cfg)["defines"]["COMPACT_SLOTS"] == 1, cfg
+        _case_check(B, HQ, HKV, D, T, lens, cfg)
+
+
+def _case_check(B, HQ, HKV, D, T, lens, cfg):
     _needs_hopper()
     seed = hash((B, HQ, HKV, D, T, tuple(lens))) % 2**31
     S = max(max(lens), 1)
@@ -167,14 +185,18 @@ def test_adversarial_blocks_bit_identical(D):
         flat[idx] = torch.randint(-32768, 32767, (idx.numel(),), generator=g, dtype=torch.int16).to(DEV)
         x[0, 0, 64:128] = torch.tensor(float("nan"), dtype=torch.bfloat16)  # whole block of NaN: BF16-stored
         x[1, 1, 300:301] = torch.tensor(float("inf"), dtype=torch.bfloat16)
+    k[0, 1, 256:320] = torch.tensor(float("nan"), dtype=torch.bfloat16)  # K stored as BF16, V compressed
+    v[1, 0, 512:576] = torch.tensor(float("nan"), dtype=torch.bfloat16)  # and the other way round
     bases = _bases16(k, v)
     bases[0, 0, :8] = 0
     bases[1, 1, -8:] = 255
     kv = pack_paged_v4(k, v, [S, S - 700], T, bases)
     assert bool((kv.k.table & 1).any()) and not bool((kv.k.table & 1).all())
+    kb, vb = (kv.k.table & 1).bool(), (kv.v.table & 1).bool()
+    assert bool((kb & ~vb).any()) and bool((vb & ~kb).any()), "tiles with one kind stored as BF16 are exercised"
     q = torch.randn(B, HQ, D, generator=g).to(torch.bfloat16).to(DEV)
     # NaN / Inf in the K/V make the outputs of those heads NaN for the twin as for the fused kernel: compare bits
-    for cfg in (None, LaunchConfig(num_splits=5, num_warps=4)):
+    for cfg in (None, LaunchConfig(num_splits=5, num_warps=4), *COMPACT[D]):
         out = _fused(q, kv, cfg)
         _same_bits(out, _twin(q, k, v, [S, S - 700], T, twin_config(q, kv, cfg)))
 

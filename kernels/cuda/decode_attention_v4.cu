@@ -44,6 +44,15 @@
 #ifndef CONST_REGS
 #define CONST_REGS 0
 #endif
+// COMPACT_SLOTS: a warp's slot of each kind holds one compressed tile (TB bytes) instead of the larger of that and
+// 16 BF16 rows (32 D bytes), so more warps or CTAs fit: at d = 256, 8 warps x 2 stages need 206 KB instead of
+// 270 KB (too many), 2 CTAs of 4 warps 2 x 107 KB. A tile with a kind stored as BF16 (a BF16 block, the tail) then
+// stages K alone at the slot pair's start (a BF16 K tile spans both slots) and copies V over it once K's fragments
+// are consumed (one more copy latency on those tiles only; the twin's arithmetic and bits are unchanged).
+// The planner sets it where the full slots do not fit the launch (fused_attention_v4.plan).
+#ifndef COMPACT_SLOTS
+#define COMPACT_SLOTS 0
+#endif
 
 namespace {
 using namespace gaac;
@@ -60,7 +69,8 @@ constexpr int CONST_BYTES = 2 * KS * 32 * static_cast<int>(sizeof(uint2));
 // A warp's slot holds one tile of each kind: compressed (TB bytes) or BF16 (16 rows of D, 32 D bytes: a block
 // stored as BF16 or the tail, staged by the same bulk copy and read with ldmatrix).
 constexpr int BF16_TILE = 32 * D;
-constexpr int SLOT_KIND = TB > BF16_TILE ? TB : BF16_TILE;
+constexpr int SLOT_KIND = COMPACT_SLOTS ? TB : (TB > BF16_TILE ? TB : BF16_TILE);
+static_assert(2 * SLOT_KIND >= BF16_TILE, "a BF16 tile must fit a warp's slot pair");
 static_assert(D % 64 == 0 && D <= 256, "the v4 kernel takes head_dim 64, 128, 192 or 256 (format v4 lays out multiples of 64)");
 static_assert(T % 16 == 0 && T >= 16, "PAGE must be a multiple of 16");
 static_assert(S >= 2, "STAGES must be >= 2");
@@ -240,13 +250,34 @@ struct Window {
     kc = __ballot_sync(0xFFFFFFFFu, ks.comp != nullptr);
     vc = __ballot_sync(0xFFFFFFFFu, vs.comp != nullptr);
   }
-  // tile base + j's copies into `slot`, by lane j
+  // tile base + j's copies into `slot`, by lane j (COMPACT_SLOTS: K alone unless both kinds are compressed;
+  // V follows in the tile, DeferredV)
   __device__ __forceinline__ void issue(int j, unsigned char* slot, unsigned long long* bar, int lane) const {
     if (lane == j) {
-      mbar_arrive_expect_tx(bar, k_bytes + v_bytes);
+      const bool v_now = !COMPACT_SLOTS || (k_bytes == TB && v_bytes == TB);
+      mbar_arrive_expect_tx(bar, k_bytes + (v_now ? v_bytes : 0u));
       bulk_copy_g2s(slot, k_src, k_bytes, bar);
-      bulk_copy_g2s(slot + SLOT_KIND, v_src, v_bytes, bar);
+      if (v_now) bulk_copy_g2s(slot + SLOT_KIND, v_src, v_bytes, bar);
     }
+  }
+};
+
+// COMPACT_SLOTS: the V tile of a warp-tile with a kind stored as BF16, copied over the slot pair once K's fragments
+// are consumed (rows_from reads every K fragment before the first V one), on the warp's own barrier.
+struct DeferredV {
+  unsigned long long* bar;
+  u32 phase;
+  __device__ __forceinline__ void fetch(unsigned char* sl, const Src& src, int lane) {
+    __syncwarp();         // every lane's reads of K in the slot pair are done
+    fence_proxy_async();  // ... and ordered before the copy engine's writes
+    if (lane == 0) {
+      const u32 bytes = src.comp ? TB : BF16_TILE;
+      mbar_arrive_expect_tx(bar, bytes);
+      bulk_copy_g2s(sl, src.comp ? static_cast<const void*>(src.comp) : static_cast<const void*>(src.bf16), bytes,
+                    bar);
+    }
+    mbar_wait(bar, phase);
+    phase ^= 1u;
   }
 };
 
@@ -274,12 +305,14 @@ __device__ __forceinline__ void compressed_tile(attend::WarpState& st, const uns
 
 // A warp-tile with at least one kind stored BF16: KC / VC say which kinds are compressed; both are staged in
 // the slot. A BF16 V tile's rows outside [vlo, vhi) are zeroed after the load (the twin zeroes them in staging).
+// COMPACT_SLOTS: V is copied to the slot pair's start when its first fragment is needed (dv, vsrc).
 template <bool KC, bool VC>
-__device__ __forceinline__ void mixed_tile(attend::WarpState& st, const unsigned char* sl, const Consts& cst,
+__device__ __forceinline__ void mixed_tile(attend::WarpState& st, unsigned char* sl, const Consts& cst,
                                            int tok0, int lo, int hi, int vlo, int vhi, bool edge, int lane,
-                                           float scale_log2) {
+                                           float scale_log2, DeferredV& dv, const Src& vsrc) {
   LaneTile<false, true> kl;
   LaneTile<true, true> vl;
+  unsigned char* vsl = COMPACT_SLOTS ? sl : sl + SLOT_KIND;
   st.rows_from(
       [&](int k, u32 (&a)[4]) {
         if (KC) {
@@ -290,12 +323,13 @@ __device__ __forceinline__ void mixed_tile(attend::WarpState& st, const unsigned
         }
       },
       [&](int m, u32 (&a)[4]) {
+        if (COMPACT_SLOTS && m == 0) dv.fetch(sl, vsrc, lane);
         if (VC) {
-          if (m == 0) vl.load(sl + SLOT_KIND, lane);
+          if (m == 0) vl.load(vsl, lane);
           vl.group(m, a, cst.get(1, m, lane));
           if (edge) mask_v(lane, vlo, vhi, a);
         } else {
-          bf16_group(sl + SLOT_KIND, true, lane, m, a);
+          bf16_group(vsl, true, lane, m, a);
           mask_v(lane, vlo, vhi, a);
         }
       },
@@ -319,7 +353,7 @@ gaac_v4_decode_split(const u16* __restrict__ q,                                 
   extern __shared__ __align__(128) unsigned char smem[];
   uint2* cst = reinterpret_cast<uint2*>(smem);  // [2][KS][32]
   unsigned char* ring = smem + CONST_BYTES;      // [W][S][2][SLOT_KIND]
-  __shared__ __align__(8) unsigned long long bars[W * S];
+  __shared__ __align__(8) unsigned long long bars[W * S + (COMPACT_SLOTS ? W : 0)];
 
   const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z, splits = gridDim.x;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -337,8 +371,10 @@ gaac_v4_decode_split(const u16* __restrict__ q,                                 
   const int wrow = warp * 16;
   // the warp's barriers first, then its first copies, then the CTA's constants: the copies' latency overlaps
   // the constants (each warp's barriers and slots are its own, so a __syncwarp orders them)
-  if (lane == 0)
+  if (lane == 0) {
     for (int s = 0; s < S; ++s) mbar_init(wbar + s, 1);
+    if (COMPACT_SLOTS) mbar_init(bars + W * S + warp, 1);
+  }
   fence_proxy_async();
   __syncwarp();
   Window win;
@@ -351,6 +387,9 @@ gaac_v4_decode_split(const u16* __restrict__ q,                                 
   __syncthreads();  // constants built
   Consts cs;
   cs.init(cst, lane);
+  DeferredV dv{bars + W * S + (COMPACT_SLOTS ? warp : 0), 0u};
+  // COMPACT_SLOTS: a deferred V tile's source, looked up again (no table read for the tail; one for a BF16 block)
+  auto v_again = [&](int tok0) { return COMPACT_SLOTS ? tile_src(v_pool, vtail, vt, nb, tok0) : Src{nullptr, nullptr}; };
   attend::WarpState st;
   st.init();
   st.load_q(q + (static_cast<i64>(b) * hq_total + hq0) * D, lane);
@@ -378,7 +417,7 @@ gaac_v4_decode_split(const u16* __restrict__ q,                                 
       const u32 kc_bits = j >= 0 ? win.kc : prev_kc, vc_bits = j >= 0 ? win.vc : prev_vc;
       const bool k_comp = (kc_bits >> (j & 31)) & 1u, v_comp = (vc_bits >> (j & 31)) & 1u;
       const int tok0 = first + it * TILE + wrow;
-      const unsigned char* sl = wring + slot * 2 * SLOT_KIND;
+      unsigned char* const sl = wring + slot * 2 * SLOT_KIND;
       const int vlo = lo - tok0, vhi = hi - tok0;
       const bool edge = vlo > 0 || vhi < 16;
 #ifdef GAAC_SASS_TILE_ONLY
@@ -396,11 +435,11 @@ gaac_v4_decode_split(const u16* __restrict__ q,                                 
       } else if (k_comp && v_comp) {
         compressed_tile<true, true>(st, sl, cs, tok0, lo, hi, lane, scale_log2, vlo, vhi);
       } else if (k_comp) {
-        mixed_tile<true, false>(st, sl, cs, tok0, lo, hi, vlo, vhi, edge, lane, scale_log2);
+        mixed_tile<true, false>(st, sl, cs, tok0, lo, hi, vlo, vhi, edge, lane, scale_log2, dv, v_again(tok0));
       } else if (v_comp) {
-        mixed_tile<false, true>(st, sl, cs, tok0, lo, hi, vlo, vhi, edge, lane, scale_log2);
+        mixed_tile<false, true>(st, sl, cs, tok0, lo, hi, vlo, vhi, edge, lane, scale_log2, dv, v_again(tok0));
       } else {
-        mixed_tile<false, false>(st, sl, cs, tok0, lo, hi, vlo, vhi, edge, lane, scale_log2);
+        mixed_tile<false, false>(st, sl, cs, tok0, lo, hi, vlo, vhi, edge, lane, scale_log2, dv, v_again(tok0));
       }
     }
   }

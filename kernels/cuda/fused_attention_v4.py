@@ -32,7 +32,7 @@ SOURCE = "decode_attention_v4.cu"
 HEAD_DIMS = KERNEL_HEAD_DIMS
 #: defaults measured on the H200 (lab/cuda-decode-notebook.md, call R4: F4i, 9 launch shapes x 8 cases):
 #: 8 warps x 2 stages was best or within 2% everywhere; 1 CTA per SM at d = 128 (192 registers), 2 at d = 64
-DEFAULT_WARPS = 8  # 4 at d = 256: 8 x 2 stages of 16 KB slots do not fit shared memory
+DEFAULT_WARPS = 8  # 4 at d = 256: 8 x 2 stages of 16 KB slots do not fit shared memory (compact slots do)
 DEFAULT_STAGES = 2
 DEFAULT_WAVES = 1
 
@@ -59,15 +59,20 @@ def tile_bytes(d: int) -> int:
     return 24 * d + 32
 
 
-def slot_bytes(d: int) -> int:
+def slot_bytes(d: int, compact: bool = False) -> int:
     """Shared memory for one tile of one kind in a warp's ring: a compressed tile or 16 BF16 rows (blocks stored
-    as BF16 and the tail are staged by the same bulk copies)."""
-    return max(tile_bytes(d), 32 * d)
+    as BF16 and the tail are staged by the same bulk copies). ``compact`` (the kernel's ``COMPACT_SLOTS``): a
+    compressed tile only; a tile with a kind stored as BF16 then stages K over both slots and V after it."""
+    return tile_bytes(d) if compact else max(tile_bytes(d), 32 * d)
 
 
-def smem_bytes(d: int, warps: int, stages: int) -> int:
+def smem_bytes(d: int, warps: int, stages: int, compact: bool = False) -> int:
     """Base16 pair constants ([2][d/16][32] uint2) + the warps' rings ([warps][stages][K, V][slot])."""
-    return 2 * (d // 16) * 32 * 8 + warps * stages * 2 * slot_bytes(d)
+    return 2 * (d // 16) * 32 * 8 + warps * stages * 2 * slot_bytes(d, compact)
+
+
+def _fits(smem: int, warps: int, per_sm: int) -> bool:
+    return smem <= MAX_SMEM and (smem + 1024) * per_sm <= SM_SMEM and 32 * warps * per_sm <= 2048
 
 
 def split_tokens(max_tokens: int, splits: int, tile: int, limit: int) -> int:
@@ -96,14 +101,17 @@ def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, 
     if stages < 2:
         raise ValueError(f"num_stages must be >= 2 (copies in flight per warp + 1), got {stages}")
     tile = 16 * warps
-    smem = smem_bytes(head_dim, warps, stages)
     per_sm = config.ctas_per_sm or default_ctas_per_sm(head_dim, group, warps)
+    # compact slots (COMPACT_SLOTS) only where the full ones do not fit: they cost a second copy on tiles with a
+    # kind stored as BF16 (the tail, BF16 blocks)
+    compact = not _fits(smem_bytes(head_dim, warps, stages), warps, per_sm)
+    smem = smem_bytes(head_dim, warps, stages, compact)
     if smem > MAX_SMEM:
         raise ValueError(f"head_dim {head_dim} with {warps} warps x {stages} stages needs {smem} B of shared memory "
-                         f"per CTA (at most {MAX_SMEM}): use fewer warps or stages")
-    if (smem + 1024) * per_sm > SM_SMEM or 32 * warps * per_sm > 2048:
+                         f"per CTA even with compact slots (at most {MAX_SMEM}): use fewer warps or stages")
+    if not _fits(smem, warps, per_sm):
         raise ValueError(f"{per_sm} CTAs of {warps} warps x {stages} stages do not fit one SM ({smem} B of shared "
-                         "memory each)")
+                         "memory each, with compact slots)")
     splits, limit = config.num_splits, config.num_splits
     if splits is None:
         streams = batch * kv_heads
@@ -120,7 +128,8 @@ def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, 
     if smem > MAX_SMEM:
         raise ValueError(f"{splits} splits x {group} heads do not fit the merge in shared memory")
     defines = dict(HEAD_DIM=head_dim, QUERY_GROUP=group, PAGE=block_size, WARPS=warps, STAGES=stages,
-                   MIN_CTAS_PER_SM=per_sm, CONST_REGS=int(const_regs_fit(head_dim, warps, per_sm)))
+                   MIN_CTAS_PER_SM=per_sm, CONST_REGS=int(const_regs_fit(head_dim, warps, per_sm)),
+                   COMPACT_SLOTS=int(compact))
     return dict(defines=defines, smem=smem, splits=splits, tokens_per_split=tps, threads=32 * warps, warps=warps)
 
 
