@@ -97,9 +97,25 @@ def test_launch_config_defaults_fit_shared_memory():
 
     for d in range(16, 257, 16):
         assert _smem_bytes(d, 4, _default_stages(d, 4)) <= 227 * 1024
+    # 8 warps at d = 256 fit with one stage only (the twin of the v4 kernel's compact-slot launch); 16 do not fit
+    p = plan(1, 1, 4, 64, 256, 4096, None, LaunchConfig(num_warps=8, num_splits=1))
+    assert p["defines"]["STAGES"] == 1 and p["defines"]["LOADER"] == 0
     with pytest.raises(ValueError, match="shared memory"):
-        plan(1, 1, 4, 64, 256, 4096, None, LaunchConfig(num_warps=8, num_splits=1))
+        plan(1, 1, 4, 64, 256, 4096, None, LaunchConfig(num_warps=16, num_splits=1))
+    with pytest.raises(ValueError, match="cp.async"):
+        plan(1, 1, 4, 64, 256, 4096, None, LaunchConfig(num_warps=8, num_splits=1, loader="bulk"))
     assert LaunchConfig().num_warps is None
+
+
+def test_one_stage_ring_compiles_without_spills_and_needs_cp_async(tmp_path):
+    """STAGES=1 (no copy overlaps compute): builds with the cp.async loader, within the cap, no local memory;
+    the copy-engine loader refuses it at compile time. tests/test_v4_gpu.py checks its bits on the GPU (it is
+    the BF16 twin of the v4 kernel's 8-warp compact-slot launch at d = 256)."""
+    defines = dict(HEAD_DIM=256, GROUP=4, PAGE=64, WARPS=8, STAGES=1)
+    assert runtime.resource_problems(_build(tmp_path, defines), REGISTER_BUDGET) == []
+    res = subprocess.run(runtime.nvcc_command(SOURCE, dict(defines, LOADER=1), "sm_90a", str(tmp_path / "b.cubin")),
+                         capture_output=True, text=True)
+    assert res.returncode != 0 and "1 only with the cp.async loader" in res.stdout + res.stderr
 
 
 # ---- the fused GAAC v3 kernel (decode_attention_v3.cu) ----

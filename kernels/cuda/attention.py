@@ -82,8 +82,12 @@ def merge_counters(batch: int, kv_heads: int, splits: int, chunk: int) -> int:
 
 def _default_stages(d: int, warps: int) -> int:
     # measured on the H200 (eval/results/attention_bf16_h200.json "sweep"): 3 stages at one CTA per SM
-    # was best or within 1% for d = 64 / 128 / 256; deeper rings never helped
-    return 3 if _smem_bytes(d, warps, 3) <= MAX_SMEM else 2
+    # was best or within 1% for d = 64 / 128 / 256; deeper rings never helped. One stage (no overlap, cp.async
+    # only) where two do not fit: 8 warps at d = 256, the twin of the v4 kernel's compact-slot launch
+    for stages in (3, 2):
+        if _smem_bytes(d, warps, stages) <= MAX_SMEM:
+            return stages
+    return 1
 
 
 def _default_warps(d: int) -> int:
@@ -133,6 +137,8 @@ def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, 
     loader = config.loader or "cp.async"
     if loader not in _LOADERS:
         raise ValueError(f"loader must be one of {sorted(_LOADERS)}, got {loader!r}")
+    if stages < 1 or (stages == 1 and loader != "cp.async"):
+        raise ValueError(f"num_stages must be >= 2, or 1 with the cp.async loader; got {stages} ({loader})")
     tile = 16 * warps
     smem = _smem_bytes(head_dim, warps, stages)
     if smem > MAX_SMEM:

@@ -8,7 +8,8 @@
 //
 // Compile-time parameters (-D): HEAD_DIM (multiple of 16, <= 256), GROUP (query heads per kv head,
 // 1..16), PAGE (cache block size T, multiple of 16), WARPS (warps per CTA; each warp owns 16 rows of
-// a stage), STAGES (>= 2), optional MIN_CTAS_PER_SM (launch-bounds occupancy hint, default 1: it caps
+// a stage), STAGES (>= 2; 1 with the cp.async loader: no copy overlaps compute, for launches whose
+// rings do not fit otherwise, e.g. the twin of the v4 kernel's 8 warps at d = 256), optional MIN_CTAS_PER_SM (launch-bounds occupancy hint, default 1: it caps
 // the registers at 64K / (32 * WARPS * MIN_CTAS_PER_SM)).
 //
 // Grid (num_splits, Hkv, B); split s of sequence b covers positions
@@ -54,7 +55,7 @@ constexpr int STAGE_ELEMS = TILE * ROW;
 #define NEG_INF GAAC_NEG_INF
 
 static_assert(T % 16 == 0, "PAGE must be a multiple of 16");
-static_assert(S >= 2, "STAGES must be >= 2");
+static_assert(S >= 2 || (S == 1 && LOADER == 0), "STAGES must be >= 2 (1 only with the cp.async loader)");
 static_assert((16 * CPR) % 32 == 0, "a warp's 16 rows must spread evenly over its lanes");
 
 // Where a warp's 16 rows [tok0, tok0 + 16) start in K and V. tok0 is a multiple of 16 and so is T,
@@ -184,8 +185,8 @@ gaac_bf16_decode_split(const u16* __restrict__ q,        // [B, Hkv*G, D]
     mbar_wait(wbar + it % S, (it / S) & 1);
     __syncwarp();  // every lane passed its reads of the slot refilled below (and the zero rows landed)
 #else
-    cp_async_wait<S - 2>();
-    __syncwarp();  // this warp's copies of stage `it` landed; its reads of the slot refilled below are done
+    if (S >= 2) cp_async_wait<(S >= 2 ? S - 2 : 0)>();
+    __syncwarp();  // this warp's copies of stage `it` landed (S = 1: below); its reads of the slot refilled below are done
 #endif
     {
       const int nx = it + S - 1;
@@ -203,6 +204,12 @@ gaac_bf16_decode_split(const u16* __restrict__ q,        // [B, Hkv*G, D]
 #endif
       // look up the stage after it now; its latency overlaps this stage's compute
       if (nx + 1 < n_tiles) next_src = stage_src(kp, vp, first + (nx + 1) * TILE + wrow);
+#if LOADER == 0
+      if (S == 1) {  // one slot: stage `it` was issued just now
+        cp_async_wait<0>();
+        __syncwarp();
+      }
+#endif
     }
     const int slot = it % S;
     st.rows(sk + slot * STAGE_ELEMS + wrow * ROW, sv + slot * STAGE_ELEMS + wrow * ROW, first + it * TILE + wrow, lo,
