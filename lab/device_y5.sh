@@ -2,7 +2,7 @@
 # Session 26, call Y5 (<= 560 s). H200 first: issue 19's memory report, issue 14's codec bench
 # (eval/results/codec_v3_h200.json); both cards: the compact-slot kernel's GPU tests (COMPACT_SLOTS, session 26) and a
 # launch sweep of the rows below cuDNN (Gemma3 d=256 B=1: W8 x 2 stages fits only with compact slots); H200: the
-# whole v4 grid in both layouts; then the prefetch sweep (issue 14) with what is left. Usage: $0 <commit> <TMAX s>.
+# whole v4 grid in both layouts. (The prefetch sweep ran in the first try, on an H100, and lost: dropped.) Usage: $0 <commit> <TMAX s>.
 # Predictions: lab/cuda-decode-notebook.md, "Call Y5 prediction".
 export PYTHONUNBUFFERED=1 GAAC_COMMIT="$1" GAAC_DIRTY=0 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 TMAX=${2:-540}
@@ -30,7 +30,4 @@ timeout $(( TMAX - 30 - SECONDS )) python3 eval/bench_attention_v4.py --budget-s
   | cut -c1-150 | tail -48
 echo "grid done after $SECONDS s"
 }
-[ $SECONDS -lt $(( TMAX - 40 )) ] && (cd /tmp && timeout $(( TMAX - 10 - SECONDS )) python3 $R/lab/experiments/codec_v3_sweep.py \
-  --kv "$R/.kvdump/smollm2_kv_v3.pt" --variants 4:8:2:128:0 4:8:2:128:2 4:8:2:128:1 4:8:2:128:3 2:4:2:256:2 \
-  --out $OUT/codec_v3_prefetch_${GPU}.json 2>&1 | grep -E "^d=|rror" | sed 's/; regs.*//')
 echo "done after $SECONDS s"
