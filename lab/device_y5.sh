@@ -21,7 +21,7 @@ timeout 150 python3 -m pytest -q -m gpu tests/test_v4_gpu.py -k "compact or adve
   | tail -15 > $OUT/pytest_gpu_y5.txt; tail -3 $OUT/pytest_gpu_y5.txt
 echo "tests done after $SECONDS s"
 timeout 120 python3 eval/bench_attention_v4.py --sweep-only --sweep-cases gemma3:1:16384 gemma3:1:32768 gemma3:1:65536 \
-  --sweep-launches 4:2:1:0 8:2:1:0 4:2:2:0 4:3:1:0 --out $OUT/attention_v4_sweep_compact_$GPU.json 2>&1 \
+  --sweep-launches 4:2:1:0 8:2:1:0 4:2:2:0 4:3:1:0 8:2:1:1 --out $OUT/attention_v4_sweep_compact_$GPU.json 2>&1 \
   | grep -E "sweep|rror" | sed 's/ctas_per_sm/c/; s/num_//g' | cut -c1-140
 echo "sweep done after $SECONDS s"
 [ "$GPU" = h200 ] && [ $SECONDS -lt $(( TMAX - 100 )) ] && {
