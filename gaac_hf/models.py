@@ -8,6 +8,7 @@ seconds on two cores, so the first load converts it once into a plain safetensor
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import os
 from pathlib import Path
 
@@ -15,6 +16,18 @@ import torch
 
 SMOLLM2_NAME = "SmolLM2-135M-Instruct"
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def cache_keyword(fn) -> str:
+    """The keyword a model's ``forward`` (or ``generate``) takes its cache by: ``cache`` from transformers
+    5.24 on, ``past_key_values`` before (5.24+ still accept it, with a deprecation warning). ``fn`` is the
+    bound method; a model object is read through its ``forward``."""
+    fn = getattr(fn, "forward", fn)
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a C or wrapped callable without a signature: the old name works everywhere
+        return "past_key_values"
+    return "cache" if "cache" in params else "past_key_values"
 
 
 def cache_root() -> Path:

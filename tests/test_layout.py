@@ -116,3 +116,19 @@ def test_the_layout_check_sees_a_planted_upward_import(tmp_path):
     fake.write_text("from ..cache import GAACCache\n")
     deps = _imports("gaac_hf.codec.reference", fake, modules)
     assert "gaac_hf.cache" in deps and _layer("gaac_hf.cache") > _layer("gaac_hf.codec.reference")
+
+
+def test_cache_keyword_follows_the_forward_signature():
+    """One helper names the cache keyword for every caller (calibration, lm-eval, CUDA graphs)."""
+    from gaac_hf.models import cache_keyword
+
+    def new(input_ids, cache=None): ...
+
+    def old(input_ids, past_key_values=None): ...
+
+    class Model:
+        forward = staticmethod(new)
+
+    assert cache_keyword(new) == "cache" and cache_keyword(Model()) == "cache"
+    assert cache_keyword(old) == "past_key_values"
+    assert cache_keyword(min) == "past_key_values"  # no readable signature: the name every release accepts

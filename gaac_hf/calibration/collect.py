@@ -16,12 +16,12 @@ counted at their true positions (the last ``S`` positions of the chunk).
 """
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass, field
 
 import torch
 
 from ..codec import decode_tensor, encode_tensor
+from ..models import cache_keyword
 from .statistics import exponent_histogram
 from .table import model_kv_shape
 
@@ -84,11 +84,6 @@ def tokenize(tokenizer, text: str, max_tokens: int | None = None) -> torch.Tenso
     return ids[:max_tokens] if max_tokens else ids
 
 
-def _cache_kwarg(model) -> str:
-    params = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
-
-
 def _check_model_dtype(model) -> None:
     dtype = getattr(model, "dtype", None)
     if dtype != torch.bfloat16:
@@ -132,7 +127,7 @@ def run_chunks(
     from transformers import DynamicCache
 
     _check_model_dtype(model)
-    kw = _cache_kwarg(model)
+    kw = cache_keyword(model)
     dev = next(model.parameters()).device
     bar = tqdm(total=chunks.shape[0], desc=desc, unit="chunk", disable=not progress)
     for start in range(0, chunks.shape[0], batch_size):

@@ -167,8 +167,9 @@ def _names(model) -> tuple[str, bool]:
     ``past_key_values`` before) and whether it takes ``cache_position`` (5.17 does, 5.24 does not)."""
     import inspect
 
-    params = inspect.signature(model.forward).parameters
-    return ("cache" if "cache" in params else "past_key_values"), "cache_position" in params
+    from ..models import cache_keyword
+
+    return cache_keyword(model.forward), "cache_position" in inspect.signature(model.forward).parameters
 
 
 @contextlib.contextmanager

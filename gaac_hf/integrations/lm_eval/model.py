@@ -41,7 +41,6 @@ when available and to the CPU otherwise.
 from __future__ import annotations
 
 import importlib.metadata
-import inspect
 import logging
 
 import torch
@@ -50,7 +49,7 @@ from lm_eval.models.huggingface import HFLM
 
 from ...cache import FP8DynamicCache, GAACCache, register
 from ...calibration import CalibrationTable, FP8Table, find_table
-from ...models import smollm2_dir
+from ...models import cache_keyword, smollm2_dir
 
 log = logging.getLogger(__name__)
 
@@ -79,15 +78,6 @@ def resolve_pretrained(pretrained):
     if isinstance(pretrained, str) and pretrained.strip().lower() in _SMOLLM2_ALIASES:
         return str(smollm2_dir())
     return pretrained
-
-
-def _cache_kwarg(fn) -> str:
-    """Keyword a model forward uses for the cache: ``cache`` (transformers >= 5.24) or ``past_key_values``."""
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return "past_key_values"
-    return "cache" if "cache" in params else "past_key_values"
 
 
 MODEL_NAME = "hf-gaac"
@@ -177,7 +167,7 @@ class GAACLM(HFLM):
             self._calibration.check_model(self.model.config)  # clear error for a table of another model
             if self.kv_dtype == "bf16" and self.model.dtype != torch.bfloat16:
                 raise ValueError(f"GAAC compresses bfloat16 caches; the model is {self.model.dtype} (use dtype=bfloat16)")
-        self._fwd_cache_kw = _cache_kwarg(self.model.forward)
+        self._fwd_cache_kw = cache_keyword(self.model.forward)
         # generate() takes the cache as **kwargs (``cache`` renamed from ``past_key_values`` in 5.24, the
         # old name deprecated): follow what the model's forward declares.
         self._gen_cache_kw = self._fwd_cache_kw
