@@ -196,3 +196,24 @@ def test_pack_paged_v4_decodes_to_its_input(monkeypatch):
             assert torch.equal(got.view(torch.int16), want.view(torch.int16))
             r = lens[b] - nb * T
             assert torch.equal(p.tail[b, :, :r].view(torch.int16), x[b, :, nb * T: lens[b]].view(torch.int16))
+
+
+@pytest.mark.parametrize("d,g,streams", [(256, 4, 1), (128, 4, 8)])
+def test_one_tile_body_experiment_compiles_without_spills_and_is_smaller(tmp_path, monkeypatch, d, g, streams):
+    """ONE_TILE_BODY (session 27's experiment against instruction fetch at d = 256): one compressed tile body
+    instead of two, so the kernel must shrink and still fit its register cap."""
+    from gaac_hf.kernels.cuda import attention as A
+
+    monkeypatch.setattr(A, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(F4, "_sm_count", lambda device: 132)
+    p = F4.plan(streams, 1, g, 64, d, 65536 + 64, None, LaunchConfig())
+    defines = dict(p["defines"], MERGE_CHUNK=A.merge_chunk(g, p["splits"], d))
+    sizes = []
+    for one in (0, 1):
+        out = tmp_path / f"k{one}.cubin"
+        res = subprocess.run(runtime.nvcc_command(F4.SOURCE, dict(defines, ONE_TILE_BODY=one), "sm_90a", str(out)),
+                             capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert runtime.resource_problems(runtime.parse_ptxas(res.stdout + res.stderr), _cap(defines)) == []
+        sizes.append(out.stat().st_size)
+    assert sizes[1] < sizes[0]

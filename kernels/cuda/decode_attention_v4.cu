@@ -53,6 +53,15 @@
 #ifndef COMPACT_SLOTS
 #define COMPACT_SLOTS 0
 #endif
+// ONE_TILE_BODY (an experiment, session 27; off by default, the cubin unchanged): every compressed tile runs the body
+// that handles raw groups, instead of a second straight-line copy for tiles without them. At d = 256 the two fully
+// unrolled bodies (~13 KB of SASS each) alternate tile by tile and the kernel is instruction-fetch bound (call Y8:
+// no_inst stalls over the bodies, the issue rate per scheduler flat from 4 to 8 warps); one body trades a few ALU
+// operations per group on tiles without raw groups for half the hot code. The bits cannot change (the raw fix of a
+// lane without a raw group is the identity: tests/test_v4_gpu.py).
+#ifndef ONE_TILE_BODY
+#define ONE_TILE_BODY 0
+#endif
 
 namespace {
 using namespace gaac;
@@ -430,7 +439,7 @@ gaac_v4_decode_split(const u16* __restrict__ q,                                 
         // the common case: both tiles compressed, one straight-line body per tile, the raw-group fix compiled
         // in only for tiles that list raw groups (n_raw is the first byte of each side area)
         const u32 nraw = (sl[SIDE_OFF] | sl[SLOT_KIND + SIDE_OFF]);
-        if (nraw == 0) compressed_tile<false>(st, sl, cs, tok0, lo, hi, lane, scale_log2);
+        if (nraw == 0 && !ONE_TILE_BODY) compressed_tile<false>(st, sl, cs, tok0, lo, hi, lane, scale_log2);
         else compressed_tile<true>(st, sl, cs, tok0, lo, hi, lane, scale_log2);
       } else if (k_comp && v_comp) {
         compressed_tile<true, true>(st, sl, cs, tok0, lo, hi, lane, scale_log2, vlo, vhi);

@@ -1,0 +1,56 @@
+"""A/B of v4 kernel defines at the planner's launch (lab only): each case x variant timed in one process
+(eval/harness.py's graph timer, L2 flushed), the output checked bit for bit against the BF16 twin.
+
+    python lab/experiments/v4_define_ab.py --out $OUT/ab.json --cases gemma3:1:16384 qwen3-8b:1:65536 \
+        --variants "" ONE_TILE_BODY=1
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "eval"))
+import harness  # noqa: E402
+from bench_attention_v4 import Case, parse_cases  # noqa: E402
+
+from gaac_hf.kernels.cuda import fused_attention_v4 as F4  # noqa: E402
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--out", required=True)
+ap.add_argument("--cases", nargs="+", required=True)
+ap.add_argument("--variants", nargs="+", required=True, help='"" (the planner\'s defines) or NAME=V[,NAME=V]')
+args = ap.parse_args()
+
+orig = F4.plan
+forced = {}
+
+
+def plan(*a, **kw):
+    p = orig(*a, **kw)
+    p["defines"].update(forced)
+    return p
+
+
+F4.plan = plan
+rows = []
+for shape, B, S in parse_cases(args.cases):
+    case = Case(shape, B, S, torch.device("cuda"))
+    for v in args.variants:
+        forced.clear()
+        forced.update({kv.split("=")[0]: int(kv.split("=")[1]) for kv in v.split(",") if kv})
+        us, _ = harness.time_and_error(f"{shape} {v}", lambda: case.gaac())
+        same = case.bit_identical() if us else None
+        rows.append(dict(shape=shape, batch=B, context=S, variant=v or "default", us=us, bit_identical=same))
+        print(f"  {shape} B={B} {S} [{v or 'default'}]: {us} us same={same}", flush=True)
+    del case
+    torch.cuda.empty_cache()
+commit = os.environ.get("GAAC_COMMIT") or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                                         cwd=REPO).stdout.strip()
+Path(args.out).write_text(json.dumps(dict(commit=commit, command=" ".join(sys.argv), gpu=torch.cuda.get_device_name(),
+                                          versions=dict(torch=torch.__version__), rows=rows), indent=1))
+print("wrote", args.out)
