@@ -139,7 +139,10 @@ def test_planner_rules(monkeypatch):
 #: instructions per warp-tile (16 tokens of K and V, 4 query heads) in the loop body, at the commit session 19's
 #: calls T5 / T7 timed (the table window: d = 128 492 fast / 679 raw, d = 64 318 / 434; call R4's kernel had 556 /
 #: ~750 at d = 128) plus ~4%: a layout or code change that adds ALU work fails here
-SASS_BUDGET = {(128, False): 510, (128, True): 705, (64, False): 330, (64, True): 450}
+SASS_BUDGET = {(128, False): 510, (128, True): 705, (64, False): 330, (64, True): 450,
+               # d = 256 (session 27: 839 / 1,173): its two bodies together (32 KB) are what call Y8 found the kernel
+               # instruction-fetch bound on, so they must not grow either
+               (256, False): 875, (256, True): 1220}
 
 
 @pytest.mark.parametrize("d,raw", sorted(SASS_BUDGET))
@@ -153,7 +156,7 @@ def test_warp_tile_instruction_budget(tmp_path, d, raw):
         pytest.skip(f"cuobjdump not found: {e}")
     assert row["hmma"] > 0
     assert row["instructions"] <= SASS_BUDGET[(d, raw)], row
-    assert row["registers"] <= 128, row
+    assert row["registers"] <= (128 if d <= 128 else 255), row  # d = 256 runs 4 warps x 1 CTA per SM
 
 
 def test_nvrtc_path_when_cuda_core_is_installed(tmp_path, monkeypatch):
