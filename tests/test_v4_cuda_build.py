@@ -220,3 +220,24 @@ def test_one_tile_body_experiment_compiles_without_spills_and_is_smaller(tmp_pat
         assert runtime.resource_problems(runtime.parse_ptxas(res.stdout + res.stderr), _cap(defines)) == []
         sizes.append(out.stat().st_size)
     assert sizes[1] < sizes[0]
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(num_warps=8)])
+def test_rolled_k_experiment_compiles_without_spills_and_shrinks_the_tile_body(tmp_path, monkeypatch, kw):
+    """K_ROLLED (gaac/attend.cuh, session 27): at d = 256 Q's fragments in shared memory and K's 16 k-steps as one
+    rolled loop; it must build for the planner's launches without spills and cut the warp-tile body it targets."""
+    from gaac_hf.kernels.cuda import attention as A
+
+    monkeypatch.setattr(A, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(F4, "_sm_count", lambda device: 132)
+    p = F4.plan(1, 1, 4, 64, 256, 65536 + 64, None, LaunchConfig(**kw))
+    defines = dict(p["defines"], MERGE_CHUNK=A.merge_chunk(4, p["splits"], 256), K_ROLLED=1, CONST_REGS=0)
+    assert runtime.resource_problems(_build(tmp_path, defines), _cap(defines)) == []
+    sys.path.insert(0, str(REPO / "eval"))
+    import sass_v4
+
+    try:
+        rolled = sass_v4.measure(256, False, str(tmp_path), extra=dict(K_ROLLED=1, CONST_REGS=0))
+    except FileNotFoundError as e:
+        pytest.skip(f"cuobjdump not found: {e}")
+    assert rolled["hmma"] == 17 and rolled["instructions"] < 0.75 * SASS_BUDGET[(256, False)], rolled

@@ -62,6 +62,11 @@
 #ifndef ONE_TILE_BODY
 #define ONE_TILE_BODY 0
 #endif
+// K_ROLLED (gaac/attend.cuh): K's k-steps as a rolled loop over Q fragments in shared memory (d = 256 only: the
+// lazy lane tiles read each group's words by index; the base16 constants must come from shared memory too).
+#ifndef K_ROLLED
+#define K_ROLLED 0
+#endif
 
 namespace {
 using namespace gaac;
@@ -111,6 +116,7 @@ __device__ __forceinline__ void build_consts(uint2* cst, const unsigned char* k1
 // are read from shared memory when the group is decoded (d = 256: 175 registers with up to 8 query heads per kv
 // head; 16 spill, and the launcher refuses them). 192 builds too, but the launcher takes 64, 128, 256.
 constexpr bool LAZY = D > 128;
+static_assert(!K_ROLLED || (LAZY && !CONST_REGS), "K_ROLLED needs head_dim > 128 and CONST_REGS=0");
 template <bool IS_V, bool RAW>
 struct LaneTile {
   uint4 sm[LAZY ? 1 : NP / 8];
@@ -393,15 +399,24 @@ gaac_v4_decode_split(const u16* __restrict__ q,                                 
   for (int s = 0; s < S - 1; ++s)
     if (s < n_tiles) win.issue(s, wring + s * 2 * SLOT_KIND, wbar + s, lane);
   build_consts(cst, k_b16 + h * D, v_b16 + h * D);
-  __syncthreads();  // constants built
+#if K_ROLLED
+  attend::WarpState st;
+  __shared__ uint2 q_smem[attend::NT * KS * 32];
+  st.load_q_shared(q + (static_cast<i64>(b) * hq_total + hq0) * D, q_smem, lane, warp);
+#endif
+  __syncthreads();  // constants built (K_ROLLED: and Q's fragments)
   Consts cs;
   cs.init(cst, lane);
   DeferredV dv{bars + W * S + (COMPACT_SLOTS ? warp : 0), 0u};
   // COMPACT_SLOTS: a deferred V tile's source, looked up again (no table read for the tail; one for a BF16 block)
   auto v_again = [&](int tok0) { return COMPACT_SLOTS ? tile_src(v_pool, vtail, vt, nb, tok0) : Src{nullptr, nullptr}; };
+#if !K_ROLLED
   attend::WarpState st;
+#endif
   st.init();
+#if !K_ROLLED
   st.load_q(q + (static_cast<i64>(b) * hq_total + hq0) * D, lane);
+#endif
 
   // outer loop: windows of issued tiles (tile it + S - 1 is issued in iteration it); the window's lookup sits
   // outside the per-tile loop, so that loop's body is the per-tile path alone
