@@ -52,6 +52,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
+from gaac_hf.models import cache_kwargs  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results" / "cpu_decode_smollm2.json"
 MEMORY_METHOD = ("mem_reps fresh processes per cache kind and context (kinds' order rotated between rounds), same "
@@ -147,7 +148,7 @@ def child(kind: str, context: int, steps: int, threads: int, memory_only: bool =
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     with torch.no_grad():
         t = time.perf_counter()
-        out = model(ids, past_key_values=cache, use_cache=cache is not None, logits_to_keep=1)
+        out = model(ids, **cache_kwargs(model, cache), use_cache=cache is not None, logits_to_keep=1)
         prefill = time.perf_counter() - t
         prefill_stages = dict(stages)
         stages.update(attention=0.0, append=0.0)
@@ -156,7 +157,7 @@ def child(kind: str, context: int, steps: int, threads: int, memory_only: bool =
         times = []
         for _ in range(steps):
             t = time.perf_counter()
-            out = model(nxt, past_key_values=cache, use_cache=cache is not None)
+            out = model(nxt, **cache_kwargs(model, cache), use_cache=cache is not None)
             times.append(time.perf_counter() - t)
             nxt = out.logits[:, -1:].argmax(-1)
             del out
@@ -199,7 +200,7 @@ def interleaved(model, cache, nxt, steps: int) -> dict:
                 c, impl = caches[kind]
                 model.set_attn_implementation(impl)
                 t = time.perf_counter()
-                out = model(toks[kind], past_key_values=c, use_cache=True)
+                out = model(toks[kind], **cache_kwargs(model, c), use_cache=True)
                 times[kind].append(time.perf_counter() - t)
                 toks[kind] = out.logits[:, -1:].argmax(-1)
     return {"step_s": times, "s_per_token": {k: statistics.median(v) for k, v in times.items()},
@@ -228,7 +229,7 @@ def prefill_child(context: int, reps: int, threads: int) -> dict:
             model.set_attn_implementation("sdpa")
             cache = DynamicCache(config=model.config)
         t = time.perf_counter()
-        out = model(x, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        out = model(x, **cache_kwargs(model, cache), use_cache=True, logits_to_keep=1)
         dt = time.perf_counter() - t
         del out, cache
         return dt

@@ -22,6 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # eval/harness.py, also when loaded by path
 import harness  # noqa: E402
+from gaac_hf.models import cache_kwargs  # noqa: E402
 
 
 def main(argv=None) -> None:
@@ -58,13 +59,13 @@ def main(argv=None) -> None:
         with torch.no_grad():
             for name, (cache, impl, _) in kinds.items():
                 model.set_attn_implementation(impl)
-                nxt[name] = model(ids, past_key_values=cache, logits_to_keep=1).logits[:, -1:].argmax(-1)
+                nxt[name] = model(ids, **cache_kwargs(model, cache), logits_to_keep=1).logits[:, -1:].argmax(-1)
             for _ in range(args.steps):
                 for name, (cache, impl, c) in kinds.items():
                     model.set_attn_implementation(impl)
                     P.DECODE_CHUNK = c
                     t0 = time.perf_counter()
-                    nxt[name] = model(nxt[name], past_key_values=cache, logits_to_keep=1).logits[:, -1:].argmax(-1)
+                    nxt[name] = model(nxt[name], **cache_kwargs(model, cache), logits_to_keep=1).logits[:, -1:].argmax(-1)
                     times[name].append(time.perf_counter() - t0)
         P.DECODE_CHUNK = chunk
         model.set_attn_implementation("sdpa")

@@ -36,6 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # eval/harness.py, also when loaded by path
 import harness  # noqa: E402
+from gaac_hf.models import cache_kwargs  # noqa: E402
 
 
 def qwen3_8b_config():
@@ -80,7 +81,7 @@ def calibrate_random(model, dev, tokens=4096, block_size=64):
     ids = torch.randint(0, model.config.vocab_size, (1, tokens), generator=g).to(dev)
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
-        model(ids, past_key_values=cache, logits_to_keep=1)
+        model(ids, **cache_kwargs(model, cache), logits_to_keep=1)
     kv = torch.stack([torch.stack([layer.keys[0], layer.values[0]]) for layer in cache.layers])  # [L,2,H,S,D]
     b8, b16 = choose_windows(exponent_histogram(kv))
     meta = {"model_name": "qwen3-8b-random-init", "kv_shape": model_kv_shape(model.config),
@@ -198,7 +199,7 @@ def run_case(model, table, B, S, dev, args, progress=None):
             for a in range(0, end, chunk):  # a long batch prefills in chunks (activations of B x chunk tokens)
                 b = min(end, a + chunk)
                 pos = torch.arange(a, b, device=dev).expand(B, -1)
-                model(ids[:, a:b], past_key_values=cache, position_ids=pos, logits_to_keep=1)
+                model(ids[:, a:b], **cache_kwargs(model, cache), position_ids=pos, logits_to_keep=1)
         _sync()
         return time.perf_counter() - t0
 
@@ -209,7 +210,7 @@ def run_case(model, table, B, S, dev, args, progress=None):
 
         def step():
             with torch.no_grad(), ctx():
-                model(nxt, past_key_values=cache, position_ids=pos, logits_to_keep=1)
+                model(nxt, **cache_kwargs(model, cache), position_ids=pos, logits_to_keep=1)
             pos.add_(1)
         return step
 

@@ -20,6 +20,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_e2e as E  # noqa: E402
+from gaac_hf.models import cache_kwargs  # noqa: E402
 
 
 def main():
@@ -45,7 +46,7 @@ def main():
     model.set_attn_implementation("gaac")
     ids = torch.randint(0, cfg.vocab_size, (1, args.context), generator=torch.Generator().manual_seed(0)).to(dev)
     with torch.no_grad():
-        model(ids, past_key_values=gaac_hf.GAACCache(model.config, calibration=table), logits_to_keep=1)  # warm-up
+        model(ids, **cache_kwargs(model, gaac_hf.GAACCache(model.config, calibration=table)), logits_to_keep=1)  # warm-up
     torch.cuda.synchronize()
     seen = collections.Counter()
     stacks = {}
@@ -63,7 +64,7 @@ def main():
     try:
         with torch.no_grad():
             cache = gaac_hf.GAACCache(model.config, calibration=table)
-            model(ids, past_key_values=cache, logits_to_keep=1)
+            model(ids, **cache_kwargs(model, cache), logits_to_keep=1)
     finally:
         torch.cuda.set_sync_debug_mode(0)
         warnings.showwarning = old

@@ -34,6 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # eval/harness.py, also when loaded by path
 import harness  # noqa: E402
+from gaac_hf.models import cache_kwargs  # noqa: E402
 
 
 def _calib(dev, n=200):
@@ -91,7 +92,7 @@ def main(argv=None):
         model.set_attn_implementation(impl)
         cache = mk()
         with torch.no_grad():
-            model(ids, past_key_values=cache, logits_to_keep=1)
+            model(ids, **cache_kwargs(model, cache), logits_to_keep=1)
         modes[name] = dict(impl=impl, cache=cache, pos=torch.full((B, 1), S, device=dev, dtype=torch.long))
     orig_ctx = ga._no_cudnn
 
@@ -110,7 +111,7 @@ def main(argv=None):
                 _sync()
                 t0 = time.perf_counter()
                 with torch.no_grad(), ctx():
-                    model(nxt, past_key_values=m["cache"], position_ids=m["pos"], logits_to_keep=1)
+                    model(nxt, **cache_kwargs(model, m["cache"]), position_ids=m["pos"], logits_to_keep=1)
                 _sync()
                 walls.append(1e6 * (time.perf_counter() - t0))
                 m["pos"].add_(1)

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # eval/harness.py, also when loaded by path
 import harness  # noqa: E402
+from gaac_hf.models import cache_kwargs  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -32,7 +33,7 @@ def prefill(model, ids: torch.Tensor):
 
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
-        model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        model(ids, **cache_kwargs(model, cache), use_cache=True, logits_to_keep=1)
     return cache
 
 

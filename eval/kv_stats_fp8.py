@@ -21,6 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # eval/harness.py, also when loaded by path
 import harness  # noqa: E402
+from gaac_hf.models import cache_kwargs  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DTYPES = ("fp8_e4m3", "fp8_e5m2")
@@ -51,7 +52,7 @@ def main(argv=None) -> int:
         for k, c in caches.items():
             t1 = time.time()
             with torch.no_grad():
-                logits[k] = model(ids, past_key_values=c, use_cache=True, logits_to_keep=1).logits
+                logits[k] = model(ids, **cache_kwargs(model, c), use_cache=True, logits_to_keep=1).logits
             secs[k] = round(time.time() - t1, 1)
         g, b = caches["gaac"], caches["fp8"]
         codes_equal = all(torch.equal(lg.codes(0), lb.keys) and torch.equal(lg.codes(1), lb.values)

@@ -32,6 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # eval/harness.py, also when loaded by path
 import harness  # noqa: E402
+from gaac_hf.models import cache_kwargs  # noqa: E402
 
 KEEP_EVERY = 16
 
@@ -57,7 +58,7 @@ def real_kv(model, ids, layers: int):
     try:
         dyn = DynamicCache()
         with torch.no_grad():
-            model.model(ids, past_key_values=dyn, use_cache=True)
+            model.model(ids, **cache_kwargs(model.model, dyn), use_cache=True)
     finally:
         model.model.layers = full
     return [(layer.keys, layer.values) for layer in dyn.layers]
@@ -77,7 +78,7 @@ def generate_peaks(model, ids, new_tokens: int, calibration) -> dict:
         cache = gaac_hf.GAACCache(model.config, calibration=calibration) if name == "gaac" else DynamicCache(config=model.config)
         t0 = time.time()
         with torch.no_grad(), TensorBytesMeter() as meter:
-            toks[name] = model.generate(ids, past_key_values=cache, max_new_tokens=new_tokens, do_sample=False,
+            toks[name] = model.generate(ids, **cache_kwargs(model.generate, cache), max_new_tokens=new_tokens, do_sample=False,
                                         cache_implementation=None)
         out[name] = {"peak_tensor_bytes": meter.peak_bytes, "seconds": round(time.time() - t0, 1)}
         if name == "gaac":
@@ -153,7 +154,7 @@ def gpu_report(args) -> None:
             torch.cuda.reset_peak_memory_stats()
             vmm_before = reserve.committed_bytes("cuda")
             with torch.no_grad():
-                model.generate(ids, past_key_values=cache, max_new_tokens=args.new_tokens, do_sample=False,
+                model.generate(ids, **cache_kwargs(model.generate, cache), max_new_tokens=args.new_tokens, do_sample=False,
                                cache_implementation=None)
             torch.cuda.synchronize()
             # pools in CUDA reservations (GAAC_RESERVE_CUDA=1) are outside PyTorch's allocator: their mapped

@@ -21,17 +21,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # eval/harness.py, also when loaded by path
 import harness  # noqa: E402
+from gaac_hf.models import cache_kwargs  # noqa: E402
 
 
 def profile_prefill(model, ids, make_cache):
     from torch.profiler import ProfilerActivity, profile
 
-    model(ids, past_key_values=make_cache(), logits_to_keep=1)  # warm-up (compiles, allocator)
+    model(ids, **cache_kwargs(model, make_cache()), logits_to_keep=1)  # warm-up (compiles, allocator)
     E._sync()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         t0 = time.perf_counter()
         with torch.no_grad():
-            model(ids, past_key_values=make_cache(), logits_to_keep=1)
+            model(ids, **cache_kwargs(model, make_cache()), logits_to_keep=1)
         E._sync()
         wall = time.perf_counter() - t0
     ka = prof.key_averages()

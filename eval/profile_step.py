@@ -51,6 +51,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # eval/harness.py, also when loaded by path
 import harness  # noqa: E402
+from gaac_hf.models import cache_kwargs  # noqa: E402
 
 SYNC_RE = re.compile(r"synchron|memcpy|item|local_scalar|nonzero|tolist|is_nonzero|eventquery|eventsynchron", re.I)
 LAUNCH_RE = re.compile(r"^(cudaLaunchKernel|cuLaunchKernel|cuLaunchKernelEx|cudaLaunchKernelExC)$")
@@ -347,13 +348,13 @@ def profile_cache(name, model, cache, ids, nxt, S, B, dev, ctx, args, gaac: bool
 
     def step():
         with torch.no_grad(), ctx():
-            model(nxt, past_key_values=cache, position_ids=pos, logits_to_keep=1)
+            model(nxt, **cache_kwargs(model, cache), position_ids=pos, logits_to_keep=1)
         pos.add_(1)
 
     _sync()
     t0 = time.perf_counter()
     with torch.no_grad(), (prefill_ctx or ctx)():
-        model(ids, past_key_values=cache, logits_to_keep=1)
+        model(ids, **cache_kwargs(model, cache), logits_to_keep=1)
     _sync()
     res["prefill_s"] = time.perf_counter() - t0
     for _ in range(3):

@@ -21,6 +21,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # eval/harness.py
 import harness  # noqa: E402
+from gaac_hf.models import cache_kwargs  # noqa: E402
 
 
 def block_fractions(model, tok, table, text: str, start: int, tokens: int) -> torch.Tensor:
@@ -32,7 +33,7 @@ def block_fractions(model, tok, table, text: str, start: int, tokens: int) -> to
     ids = tok(text[start: start + 12 * tokens], return_tensors="pt").input_ids[:, :tokens]
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
-        model(ids, past_key_values=cache)
+        model(ids, **cache_kwargs(model, cache))
     nb = ids.shape[1] // g.block_size
     total = torch.zeros(nb, dtype=torch.int64)
     raw = 0

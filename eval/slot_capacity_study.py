@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # eval/harness.py, also when loaded by path
 import harness  # noqa: E402
+from gaac_hf.models import cache_kwargs  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -83,7 +84,7 @@ def main(argv=None):
         sys.exit(f"text too short for {args.context} tokens")
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
-        model(ids, past_key_values=cache, logits_to_keep=1)
+        model(ids, **cache_kwargs(model, cache), logits_to_keep=1)
     table = CalibrationTable.load(args.table)
     shipped_cap = (table.meta.get("upgraded_from") or {}).get("escape_capacity")  # v1 capacity, if upgraded
     rows = []

@@ -32,6 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # eval/harness.py, also when loaded by path
 import harness  # noqa: E402
+from gaac_hf.models import cache_kwargs  # noqa: E402
 
 
 def _setup():
@@ -67,12 +68,12 @@ def check(args, keep_group: bool = False):
     kw = dict(max_new_tokens=args.new_tokens, do_sample=False, output_scores=True, return_dict_in_generate=True,
               cache_implementation=None, pad_token_id=0)
     with torch.no_grad():
-        ref = model.generate(ids, past_key_values=DynamicCache(config=model.config), **kw)
+        ref = model.generate(ids, **cache_kwargs(model.generate, DynamicCache(config=model.config)), **kw)
         model.set_attn_implementation("gaac")
         # the reference path (decode + SDPA) is the bit-identity claim; the fused kernel is only within
         # bf16 tolerance of SDPA, so it is left out of the check (it is what bench times)
         cache = gaac_hf.GAACCache(model.config, calibration=args.calibration, block_size=args.block_size, fused=False)
-        out = model.generate(ids, past_key_values=cache, **kw)
+        out = model.generate(ids, **cache_kwargs(model.generate, cache), **kw)
     same_tokens = torch.equal(ref.sequences, out.sequences)
     same_logits = all(torch.equal(_bits(a.to(torch.bfloat16)), _bits(b.to(torch.bfloat16))) and torch.equal(a, b)
                       for a, b in zip(ref.scores, out.scores))
@@ -146,13 +147,13 @@ def bench(args):  # pragma: no cover - GPU only
 
     def time_steps(cache):
         with torch.no_grad():
-            model(ids, past_key_values=cache, logits_to_keep=1)
+            model(ids, **cache_kwargs(model, cache), logits_to_keep=1)
             ts = []
             p = pos.clone()
             for i in range(args.steps + 3):
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
-                model(nxt, past_key_values=cache, position_ids=p, logits_to_keep=1)
+                model(nxt, **cache_kwargs(model, cache), position_ids=p, logits_to_keep=1)
                 torch.cuda.synchronize()
                 ts.append(time.perf_counter() - t0)
                 p += 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import os
+import types
 from pathlib import Path
 
 import torch
@@ -18,16 +19,37 @@ SMOLLM2_NAME = "SmolLM2-135M-Instruct"
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+_KEYWORDS: dict = {}  # plain function -> keyword: a decode loop asks once per step, inspect.signature costs ~20 us
+
+
 def cache_keyword(fn) -> str:
     """The keyword a model's ``forward`` (or ``generate``) takes its cache by: ``cache`` from transformers
     5.24 on, ``past_key_values`` before (5.24+ still accept it, with a deprecation warning). ``fn`` is the
-    bound method; a model object is read through its ``forward``."""
+    bound method; a model object is read through its ``forward``, and so is ``generate`` (its signature ends in
+    ``**kwargs``, which it hands on to ``forward``)."""
+    if getattr(fn, "__name__", "") == "generate" and hasattr(fn, "__self__"):
+        fn = fn.__self__
     fn = getattr(fn, "forward", fn)
+    key = getattr(fn, "__func__", fn)
+    if not isinstance(key, types.FunctionType):  # a wrapper (hooks, partial) may hold a model: not kept
+        key = None
+    elif key in _KEYWORDS:
+        return _KEYWORDS[key]
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):  # a C or wrapped callable without a signature: the old name works everywhere
         return "past_key_values"
-    return "cache" if "cache" in params else "past_key_values"
+    word = "cache" if "cache" in params else "past_key_values"
+    if key is not None:
+        _KEYWORDS[key] = word
+    return word
+
+
+def cache_kwargs(fn, cache) -> dict:
+    """``{keyword: cache}`` for ``fn`` (a model, its ``forward`` or ``generate``) under the installed transformers:
+    ``model(ids, **cache_kwargs(model, cache))`` passes ``cache=`` from 5.24 on and ``past_key_values=`` before,
+    so neither the deprecation warning of 5.24+ nor the removal announced for 5.40 / 6.0 reaches the caller."""
+    return {cache_keyword(fn): cache}
 
 
 def cache_root() -> Path:

@@ -124,12 +124,14 @@ def first_layers_cache(model, ids: torch.Tensor, layers: int):
     pays for every layer it runs)."""
     from transformers import DynamicCache
 
+    from gaac_hf.models import cache_kwargs
+
     full = model.model.layers
     model.model.layers = full[:layers]
     try:
         cache = DynamicCache()
         with torch.no_grad():
-            model.model(ids, past_key_values=cache, use_cache=True)
+            model.model(ids, **cache_kwargs(model.model, cache), use_cache=True)
     finally:
         model.model.layers = full
     return cache

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
+import warnings
 from types import SimpleNamespace
 
 import pytest
@@ -30,6 +31,7 @@ from gaac_hf.calibration import (
 )
 from gaac_hf.codec import decode_blocks
 from gaac_hf.format import BlockGeometry
+from gaac_hf.models import cache_kwargs
 
 pytestmark = pytest.mark.slow
 
@@ -51,7 +53,7 @@ def kv_table(model, ids: torch.Tensor, geometry: BlockGeometry, name: str = "smo
     """A calibration table from the model's own KV on ``ids`` (windows by histogram)."""
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
-        model(ids, past_key_values=cache, use_cache=True)
+        model(ids, **cache_kwargs(model, cache), use_cache=True)
     kv = torch.stack([torch.stack([layer.keys[0], layer.values[0]]) for layer in cache.layers])  # [L, 2, H, S, D]
     base8, base16 = choose_windows(exponent_histogram(kv))
     meta = {"model_name": name, "kv_shape": model_kv_shape(model.config), "fingerprint": config_fingerprint(model.config)}
@@ -114,19 +116,21 @@ def gen_kwargs(tok, **kw) -> dict:
     return base | kw
 
 
-def run_pair(model, table, inputs: dict, cache_kw: str = "past_key_values", **kw):
-    """generate() with DynamicCache + sdpa, then with GAACCache + gaac: (ref, out, gaac_cache)."""
+def run_pair(model, table, inputs: dict, cache_kw: str | None = None, **kw):
+    """generate() with DynamicCache + sdpa, then with GAACCache + gaac: (ref, out, gaac_cache). ``cache_kw``: the
+    keyword GAACCache goes in by (default: the one this transformers names, :func:`gaac_hf.models.cache_keyword`)."""
     tok_kw = {k: v for k, v in kw.items() if k != "seed"}
     seed = kw.get("seed")
     if seed is not None:
         torch.manual_seed(seed)
     with torch.no_grad():
-        ref = model.generate(**inputs, past_key_values=DynamicCache(config=model.config), **tok_kw)
+        ref = model.generate(**inputs, **cache_kwargs(model.generate, DynamicCache(config=model.config)), **tok_kw)
     cache = GAACCache(model.config, calibration=table)
     if seed is not None:
         torch.manual_seed(seed)
     with attention(model, "gaac"), torch.no_grad():
-        out = model.generate(**inputs, **{cache_kw: cache}, **tok_kw)
+        out = model.generate(**inputs, **({cache_kw: cache} if cache_kw else cache_kwargs(model.generate, cache)),
+                             **tok_kw)
     return ref, out, cache
 
 
@@ -135,9 +139,9 @@ def prefill_both(model, table, ids: torch.Tensor):
     dyn = DynamicCache(config=model.config)
     gaac = GAACCache(model.config, calibration=table)
     with torch.no_grad():
-        model(ids, past_key_values=dyn)
+        model(ids, **cache_kwargs(model, dyn))
         with attention(model, "gaac"):
-            model(ids, past_key_values=gaac)
+            model(ids, **cache_kwargs(model, gaac))
     return dyn, gaac
 
 
@@ -166,13 +170,17 @@ def test_greedy_many_blocks_bit_identical(model_tok, table, text_ids):
 
 
 def test_cache_keyword(model_tok, table, text_ids):
-    """The newer ``cache=`` spelling (transformers >= 5.18), where the installed version accepts it."""
+    """Both spellings: ``cache=`` where the installed transformers takes it (>= 5.24; the other tests use it there),
+    and ``past_key_values=``, which every supported release still accepts (deprecated from 5.24 on)."""
     model, tok = model_tok
-    if "cache" not in inspect.signature(type(model).forward).parameters:
-        pytest.skip("this transformers accepts only past_key_values=")
     ids = text_ids[:, 300:345]
-    ref, out, _ = run_pair(model, table, {"input_ids": ids}, cache_kw="cache", **gen_kwargs(tok, max_new_tokens=6))
-    assert_same_generation(ref, out)
+    spellings = ["past_key_values"] + (["cache"] if "cache" in inspect.signature(type(model).forward).parameters else [])
+    for kw in spellings:
+        with warnings.catch_warnings():  # the old spelling's FutureWarning (5.24+) is expected here
+            warnings.simplefilter("ignore", FutureWarning)
+            ref, out, cache = run_pair(model, table, {"input_ids": ids}, cache_kw=kw, **gen_kwargs(tok, max_new_tokens=6))
+        assert_same_generation(ref, out)
+        assert cache.get_seq_length() == 45 + 5  # GAACCache really was the one generate() used
 
 
 def test_batch_left_padding(model_tok, table, wikitext_test):
@@ -224,14 +232,14 @@ def test_continue_from_existing_cache(model_tok, table, text_ids):
     dyn = DynamicCache(config=model.config)
     gaac = GAACCache(model.config, calibration=table)
     with torch.no_grad():
-        ref1 = model.generate(first, past_key_values=dyn, **kw)
+        ref1 = model.generate(first, **cache_kwargs(model.generate, dyn), **kw)
         with attention(model, "gaac"):
-            out1 = model.generate(first, past_key_values=gaac, **kw)
+            out1 = model.generate(first, **cache_kwargs(model.generate, gaac), **kw)
         assert_same_generation(ref1, out1)
         ids2 = torch.cat([ref1.sequences, extra], dim=1)
-        ref2 = model.generate(ids2, past_key_values=dyn, **kw)
+        ref2 = model.generate(ids2, **cache_kwargs(model.generate, dyn), **kw)
         with attention(model, "gaac"):
-            out2 = model.generate(ids2, past_key_values=gaac, **kw)
+            out2 = model.generate(ids2, **cache_kwargs(model.generate, gaac), **kw)
     assert_same_generation(ref2, out2)
     assert gaac.get_seq_length() == dyn.get_seq_length()
 
@@ -263,9 +271,9 @@ def test_crop_into_encoded_block_then_continue(model_tok, table, text_ids):
         assert (layer.num_blocks, layer.tail_len) == (5, 6)
         for kind, want in ((0, dyn.layers[3].keys), (1, dyn.layers[3].values)):
             assert same_bits(layer.full(kind), want)
-        ref = model(more, past_key_values=dyn).logits
+        ref = model(more, **cache_kwargs(model, dyn)).logits
         with attention(model, "gaac"):
-            out = model(more, past_key_values=gaac).logits
+            out = model(more, **cache_kwargs(model, gaac)).logits
     assert same_bits(ref, out)
 
 
@@ -276,9 +284,9 @@ def test_non_gaac_attention_gets_full_kv(model_tok, table, text_ids):
     ids = text_ids[:, 4000:4070]
     kw = gen_kwargs(tok, max_new_tokens=6)
     with torch.no_grad():
-        ref = model.generate(ids, past_key_values=DynamicCache(config=model.config), **kw)
+        ref = model.generate(ids, **cache_kwargs(model.generate, DynamicCache(config=model.config)), **kw)
         cache = GAACCache(model.config, calibration=table)
-        out = model.generate(ids, past_key_values=cache, **kw)
+        out = model.generate(ids, **cache_kwargs(model.generate, cache), **kw)
     assert_same_generation(ref, out)
     assert cache.layers[0].num_blocks == 4  # compressed nonetheless
     k, v = cache.layers[0].update(torch.zeros(1, 3, 1, 64, dtype=torch.bfloat16),
@@ -330,7 +338,7 @@ def test_stats_ratio_on_real_text(model_tok, table, text_ids):
     ids = text_ids[:, 6000:6768]
     cache = GAACCache(model.config, calibration=table)
     with attention(model, "gaac"), torch.no_grad():
-        model(ids, past_key_values=cache, logits_to_keep=1)
+        model(ids, **cache_kwargs(model, cache), logits_to_keep=1)
     st = cache.stats(per_layer=True)
     assert st["ratio"] >= 1.35, st
     assert st["bf16_bytes"] == 30 * 2 * 3 * 768 * 64 * 2
@@ -524,7 +532,7 @@ def test_shipped_table_by_repo_relative_path(model_tok, text_ids, tmp_path, monk
     with pytest.raises(FileNotFoundError, match="shipped: 'smollm2-135m-fp8_e4m3', 'smollm2-135m-fp8_e5m2', 'smollm2-135m'"):
         GAACCache(model.config, calibration="smollm2-1b")
     with attention(model, "gaac"), torch.no_grad():
-        model(text_ids[:, 8000:8140], past_key_values=cache, logits_to_keep=1)
+        model(text_ids[:, 8000:8140], **cache_kwargs(model, cache), logits_to_keep=1)
     st = cache.stats()
     assert st["encoded_blocks"] == 30 * 2 * 3 * 2 and st["tail_tokens"] == 12 and st["raw_fallback_blocks"] <= 2
 
@@ -553,7 +561,7 @@ def test_non_bf16_model_is_rejected(table):
         t = kv_table(tiny.to(torch.bfloat16), ids, BlockGeometry(BLOCK, 64), name="tiny")
         tiny.to(torch.float32)
         with pytest.raises(ValueError, match="bfloat16"):
-            tiny(ids, past_key_values=GAACCache(tiny.config, calibration=t))
+            tiny(ids, **cache_kwargs(tiny, GAACCache(tiny.config, calibration=t)))
 
 
 def test_mask_shape_mismatch_is_an_error(model_tok, table):

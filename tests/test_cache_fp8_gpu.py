@@ -11,6 +11,7 @@ from transformers import LlamaForCausalLM
 
 from gaac_hf import GAACCache
 from gaac_hf.cache import FP8DynamicCache
+from gaac_hf.models import cache_kwargs
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -27,9 +28,9 @@ def test_fp8_gaac_generation_on_cuda_is_the_fp8_baselines(dtype):
     kw = dict(do_sample=False, max_new_tokens=40, return_dict_in_generate=True, output_logits=True, pad_token_id=0)
     with torch.no_grad():
         base = FP8DynamicCache(model.config, table)
-        want = model.generate(input_ids=ids, attention_mask=mask, past_key_values=base, **kw)
+        want = model.generate(input_ids=ids, attention_mask=mask, **cache_kwargs(model.generate, base), **kw)
         cache = GAACCache(model.config, calibration=table, kv_dtype=dtype)
-        got = model.generate(input_ids=ids, attention_mask=mask, past_key_values=cache, **kw)
+        got = model.generate(input_ids=ids, attention_mask=mask, **cache_kwargs(model.generate, cache), **kw)
     assert torch.equal(want.sequences, got.sequences)
     for a, b in zip(want.logits, got.logits):
         assert torch.equal(bits(a), bits(b))

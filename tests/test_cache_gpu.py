@@ -16,6 +16,7 @@ import gaac_hf.cache.attention as gattn
 from gaac_hf.cache import GAACCache
 from gaac_hf.codec import decode_blocks
 from gaac_hf.format import BlockGeometry
+from gaac_hf.models import cache_kwargs
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -48,9 +49,9 @@ def test_reference_path_on_cuda_is_bit_identical(model_table):
     kw = dict(do_sample=False, max_new_tokens=8, return_dict_in_generate=True, output_logits=True,
               cache_implementation=None, pad_token_id=0)
     with torch.no_grad():
-        ref = model.generate(**inputs, past_key_values=DynamicCache(config=model.config), **kw)
+        ref = model.generate(**inputs, **cache_kwargs(model.generate, DynamicCache(config=model.config)), **kw)
         with attention(model, "gaac"):
-            out = model.generate(**inputs, past_key_values=GAACCache(model.config, calibration=table, fused=False, format_version=2), **kw)
+            out = model.generate(**inputs, **cache_kwargs(model.generate, GAACCache(model.config, calibration=table, fused=False, format_version=2)), **kw)
     assert torch.equal(ref.sequences, out.sequences)
     for a, b in zip(ref.logits, out.logits):
         assert same_bits(a, b)
@@ -68,9 +69,9 @@ def test_prefill_and_decode_step_never_sync_the_host(model_table):
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:
-            out = model(input_ids=ids, past_key_values=cache, logits_to_keep=1)
+            out = model(input_ids=ids, **cache_kwargs(model, cache), logits_to_keep=1)
             nxt = out.logits[:, -1:].argmax(-1)
-            model(input_ids=nxt, past_key_values=cache, logits_to_keep=1)  # a decode step (fused kernel)
+            model(input_ids=nxt, **cache_kwargs(model, cache), logits_to_keep=1)  # a decode step (fused kernel)
         finally:
             torch.cuda.set_sync_debug_mode(0)
     assert cache.get_seq_length() == 301
@@ -85,9 +86,9 @@ def test_triton_codec_slots_decode_with_the_reference_codec(model_table):
     dyn = DynamicCache(config=model.config)
     cache = GAACCache(model.config, calibration=table, fused=False, format_version=2)
     with torch.no_grad():
-        model(**inputs, past_key_values=dyn)
+        model(**inputs, **cache_kwargs(model, dyn))
         with attention(model, "gaac"):
-            model(**inputs, past_key_values=cache)
+            model(**inputs, **cache_kwargs(model, cache))
     g = cache.geometry
     for li in (0, 17, 29):
         layer = cache.layers[li]
@@ -105,9 +106,9 @@ def test_triton_codec_slots_decode_with_the_reference_codec(model_table):
     kw = dict(do_sample=False, max_new_tokens=6, return_dict_in_generate=True, output_logits=True,
               cache_implementation=None, pad_token_id=0)
     with torch.no_grad(), attention(model, "gaac"):
-        a = model.generate(**inputs, past_key_values=GAACCache(model.config, calibration=table, fused=False, format_version=2), **kw)
-        b = model.generate(**inputs, past_key_values=GAACCache(model.config, calibration=table, fused=False, format_version=2,
-                                                               triton_codec=False), **kw)
+        a = model.generate(**inputs, **cache_kwargs(model.generate, GAACCache(model.config, calibration=table, fused=False, format_version=2)), **kw)
+        b = model.generate(**inputs, **cache_kwargs(model.generate, GAACCache(model.config, calibration=table, fused=False, format_version=2,
+                                                               triton_codec=False)), **kw)
     assert torch.equal(a.sequences, b.sequences) and all(same_bits(x, y) for x, y in zip(a.logits, b.logits))
 
 
@@ -127,7 +128,7 @@ def test_fused_decode_is_used_and_close_to_sdpa(model_table, monkeypatch):
     monkeypatch.setattr(gattn, "_fused_decode", counting)
     cache = GAACCache(model.config, calibration=table, format_version=2)
     with torch.no_grad(), attention(model, "gaac"):
-        model(**inputs, past_key_values=cache)  # prefill: reference path (q_len > 1)
+        model(**inputs, **cache_kwargs(model, cache))  # prefill: reference path (q_len > 1)
         assert calls == []
         layer = cache.layers[5]
         attn = model.model.layers[5].self_attn
@@ -143,7 +144,7 @@ def test_fused_decode_is_used_and_close_to_sdpa(model_table, monkeypatch):
     # one generate() step after prefill runs the fused kernel in every layer
     calls.clear()
     with torch.no_grad(), attention(model, "gaac"):
-        model.generate(**inputs, past_key_values=GAACCache(model.config, calibration=table, format_version=2), max_new_tokens=3,
+        model.generate(**inputs, **cache_kwargs(model.generate, GAACCache(model.config, calibration=table, format_version=2)), max_new_tokens=3,
                        do_sample=False, cache_implementation=None, pad_token_id=0)
     assert len(calls) == 2 * 30 and all(calls)
 
@@ -209,10 +210,10 @@ def test_auto_takes_decode_then_sdpa_past_the_threshold(model_table, monkeypatch
     kw = dict(do_sample=False, max_new_tokens=6, return_dict_in_generate=True, output_logits=True,
               cache_implementation=None, pad_token_id=0)
     with torch.no_grad(), gattn._no_cudnn():  # the backend set "auto"'s long steps use, for both
-        ref = model.generate(**inputs, past_key_values=DynamicCache(config=model.config), **kw)
+        ref = model.generate(**inputs, **cache_kwargs(model.generate, DynamicCache(config=model.config)), **kw)
         with attention(model, "gaac"):
             cache = GAACCache(model.config, calibration=table, fused="auto", format_version=2)
-            out = model.generate(**inputs, past_key_values=cache, **kw)
+            out = model.generate(**inputs, **cache_kwargs(model.generate, cache), **kw)
     assert cache.layers[0].fused == "auto" and cache.layers[0].pools[0].triton
     assert torch.equal(ref.sequences, out.sequences)
     for a, b in zip(ref.logits, out.logits):

@@ -23,6 +23,7 @@ from gaac_hf.cache.layer import TABLE_PAGE
 from gaac_hf.cache.memory import TensorBytesMeter, dynamic_cache_bytes, walk_allocation
 from gaac_hf.cache.pool import CPU_HEAP_PAGE
 from conftest import first_layers_cache, synthetic_cache
+from gaac_hf.models import cache_kwargs
 
 T, H, D, L = 16, 2, 64, 2
 
@@ -172,7 +173,7 @@ def test_generate_peak_tensor_bytes_below_dynamic_cache(smollm2, wikitext_test, 
             cache = (GAACCache(model.config, calibration="smollm2-135m") if name == "gaac"
                      else DynamicCache(config=model.config))
             with torch.no_grad(), TensorBytesMeter() as meter:
-                outs[name] = model.generate(ids, past_key_values=cache, **kw)
+                outs[name] = model.generate(ids, **cache_kwargs(model.generate, cache), **kw)
             peaks[name] = meter.peak_bytes
             del cache
     finally:

@@ -19,6 +19,7 @@ from test_cache import attention, same_bits
 from test_cache_gpu import _prompt, model_table  # noqa: F401 - the module fixture
 
 from gaac_hf.cache import GAACCache, reserve
+from gaac_hf.models import cache_kwargs
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -80,7 +81,7 @@ def test_generate_with_reserved_pools_is_bit_identical(model_table, monkeypatch,
         monkeypatch.setattr(reserve, "MIN_GRANULES_CUDA", 0)
         cache = caches[on] = GAACCache(model.config, calibration=table, format_version=fmt)
         with torch.no_grad(), attention(model, "gaac"):
-            outs[on] = model.generate(**inputs, past_key_values=cache, **kw)
+            outs[on] = model.generate(**inputs, **cache_kwargs(model.generate, cache), **kw)
     assert torch.equal(outs[False].sequences, outs[True].sequences)
     for a, b in zip(outs[False].logits, outs[True].logits):
         assert same_bits(a, b)
@@ -97,14 +98,14 @@ def test_reserved_pools_never_move_and_decode_steps_never_sync(model_table, rese
     ids = torch.randint(100, 49000, (2, 300), device="cuda")
     cache = GAACCache(model.config, calibration=table)
     with torch.no_grad(), attention(model, "gaac"):
-        tok = model(input_ids=ids, past_key_values=cache, logits_to_keep=1).logits[:, -1:].argmax(-1)
+        tok = model(input_ids=ids, **cache_kwargs(model, cache), logits_to_keep=1).logits[:, -1:].argmax(-1)
         torch.cuda.synchronize()
         addr = {(i, k): [t.data_ptr() for t in _tensors(p)] for i, k, p in _pools(cache)}
         held = sum(p.allocated_bytes() for _, _, p in _pools(cache))
         torch.cuda.set_sync_debug_mode("error")
         try:
             for _ in range(200):  # past several page growths of every pool (block size 16)
-                tok = model(input_ids=tok, past_key_values=cache, logits_to_keep=1).logits[:, -1:].argmax(-1)
+                tok = model(input_ids=tok, **cache_kwargs(model, cache), logits_to_keep=1).logits[:, -1:].argmax(-1)
         finally:
             torch.cuda.set_sync_debug_mode(0)
     moved = [(key, n) for (i, k, p) in _pools(cache) for key in [(i, k)]

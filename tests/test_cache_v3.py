@@ -25,6 +25,7 @@ from gaac_hf.cache.pool_v3 import _BlockPoolV3
 from gaac_hf.kernels.cpu import native
 from gaac_hf.kernels.cpu.reference import tiled_attention_reference
 from gaac_hf.kernels.reference import attention_reference
+from gaac_hf.models import cache_kwargs
 
 pytestmark = pytest.mark.slow
 
@@ -131,7 +132,7 @@ def _generate(model, table, inputs, kw, reference: bool, monkeypatch):
         monkeypatch.setattr(native, "available", lambda: False)  # the PyTorch reference arithmetic
     cache = GAACCache(model.config, calibration=table, format_version=3)
     with tc.attention(model, "gaac"), torch.no_grad():
-        out = model.generate(**inputs, past_key_values=cache, **kw)
+        out = model.generate(**inputs, **cache_kwargs(model.generate, cache), **kw)
     monkeypatch.undo()
     return out, cache
 
@@ -154,7 +155,7 @@ def test_tiled_attention_tokens_and_reference_bits(model_tok, table, text_ids, w
     else:
         inputs = {"input_ids": text_ids[:, :140]}
     with torch.no_grad():
-        ref = model.generate(**inputs, past_key_values=DynamicCache(config=model.config), **kw)
+        ref = model.generate(**inputs, **cache_kwargs(model.generate, DynamicCache(config=model.config)), **kw)
     out, cache = _generate(model, table, inputs, kw, False, monkeypatch)
     twin, _ = _generate(model, table, inputs, kw, True, monkeypatch)
     assert torch.equal(out.sequences, twin.sequences)
@@ -197,7 +198,7 @@ def test_without_compiler_the_cache_runs_the_reference(model_tok, table, text_id
     monkeypatch.setenv("GAAC_HF_CPU_KERNELS", "0")
     cache = GAACCache(model.config, calibration=table, format_version=3)
     with pytest.warns(RuntimeWarning, match="CPU kernels are not available"), tc.attention(model, "gaac"), torch.no_grad():
-        slow = model.generate(**inputs, past_key_values=cache, **kw)
+        slow = model.generate(**inputs, **cache_kwargs(model.generate, cache), **kw)
     assert not cache.layers[0].pools[0].native
     assert torch.equal(out.sequences, slow.sequences)
     for a, b in zip(out.logits, slow.logits):

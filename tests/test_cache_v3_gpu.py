@@ -18,6 +18,7 @@ import gaac_hf.cache.fused_v3 as fv3
 from gaac_hf.cache import GAACCache
 from gaac_hf.codec.v3 import decode_pool_v3
 from gaac_hf.kernels.paged import PagedTensorV3
+from gaac_hf.models import cache_kwargs
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -28,10 +29,10 @@ def test_v3_on_cuda_generate_is_bit_identical(model_table):
     kw = dict(do_sample=False, max_new_tokens=20, return_dict_in_generate=True, output_logits=True,
               cache_implementation=None, pad_token_id=0)
     with torch.no_grad():
-        ref = model.generate(**inputs, past_key_values=DynamicCache(config=model.config), **kw)
+        ref = model.generate(**inputs, **cache_kwargs(model.generate, DynamicCache(config=model.config)), **kw)
         cache = GAACCache(model.config, calibration=table, format_version=3, fused=False)
         with attention(model, "gaac"):
-            out = model.generate(**inputs, past_key_values=cache, **kw)
+            out = model.generate(**inputs, **cache_kwargs(model.generate, cache), **kw)
     assert torch.equal(ref.sequences, out.sequences)
     for a, b in zip(ref.logits, out.logits):
         assert same_bits(a, b)
@@ -44,9 +45,9 @@ def test_v3_on_cuda_paged_kv_and_batch_ops(model_table):
     ids = _prompt(2, 200, seed=2)["input_ids"].cuda()
     dyn, gaac = DynamicCache(config=model.config), GAACCache(model.config, calibration=table, format_version=3)
     with torch.no_grad():
-        model(ids, past_key_values=dyn)
+        model(ids, **cache_kwargs(model, dyn))
         with attention(model, "gaac"):
-            model(ids, past_key_values=gaac)
+            model(ids, **cache_kwargs(model, gaac))
     for op, arg in (("reorder_cache", torch.tensor([1, 0], device="cuda")), ("batch_repeat_interleave", 2),
                     ("batch_select_indices", torch.tensor([0, 3], device="cuda"))):
         getattr(gaac, op)(arg)
@@ -106,7 +107,7 @@ def test_every_decode_step_runs_the_fused_kernel_of_the_stored_format(model_tabl
     inputs = {k: v.cuda() for k, v in _prompt(2, 90, seed=4).items()}
     cache = GAACCache(model.config, calibration=table, format_version=requested)
     with torch.no_grad(), attention(model, "gaac"):
-        model.generate(**inputs, past_key_values=cache, max_new_tokens=4, do_sample=False, cache_implementation=None,
+        model.generate(**inputs, **cache_kwargs(model.generate, cache), max_new_tokens=4, do_sample=False, cache_implementation=None,
                        pad_token_id=0)
     assert all(layer.format_version == stored and layer.fused_v3 for layer in cache.layers)
     assert len(calls) == 3 * len(cache.layers)  # every decode step, every layer (the prefill is not a decode step)
@@ -122,7 +123,7 @@ def test_fused_v3_generate_is_bit_identical_to_the_bf16_twin(model_table, monkey
     kw = dict(do_sample=False, max_new_tokens=24, return_dict_in_generate=True, output_logits=True,
               cache_implementation=None, pad_token_id=0)
     with torch.no_grad(), attention(model, "gaac"):
-        fused = model.generate(**inputs, past_key_values=GAACCache(model.config, calibration=table, format_version=3), **kw)
+        fused = model.generate(**inputs, **cache_kwargs(model.generate, GAACCache(model.config, calibration=table, format_version=3)), **kw)
         calls = []
 
         def twin(*a, **k):
@@ -130,7 +131,7 @@ def test_fused_v3_generate_is_bit_identical_to_the_bf16_twin(model_table, monkey
             return _twin_attention(*a, **k)
 
         monkeypatch.setattr(fv3, "fused_v3_attention", twin)
-        ref = model.generate(**inputs, past_key_values=GAACCache(model.config, calibration=table, format_version=3), **kw)
+        ref = model.generate(**inputs, **cache_kwargs(model.generate, GAACCache(model.config, calibration=table, format_version=3)), **kw)
     assert calls, "the twin path did not run"
     assert torch.equal(fused.sequences, ref.sequences)
     for a, b in zip(fused.logits, ref.logits):
@@ -143,7 +144,7 @@ def test_fused_v3_matches_sdpa_within_bf16_tolerance(model_table):
     inputs = {k: v.cuda() for k, v in _prompt(3, 120, seed=7).items()}
     cache = GAACCache(model.config, calibration=table, format_version=3)
     with torch.no_grad(), attention(model, "gaac"):
-        model(**inputs, past_key_values=cache)
+        model(**inputs, **cache_kwargs(model, cache))
     layer, attn = cache.layers[7], model.model.layers[7].self_attn
     q = torch.randn(3, 9, 1, 64, device="cuda", generator=torch.Generator("cuda").manual_seed(0)).to(torch.bfloat16)
     mask = inputs["attention_mask"].bool()[:, None, None, :]
@@ -180,12 +181,12 @@ def test_v3_decode_steps_never_sync_the_host(model_table, monkeypatch, checksums
         cache = caches[free] = GAACCache(model.config, calibration=table, format_version=3, checksums=checksums)
         with torch.no_grad(), attention(model, "gaac"):
             # the prefill sizes its store exactly (one sync per pool: pool_v3 docstring); decode steps never sync
-            tok = model(input_ids=ids, past_key_values=cache, logits_to_keep=1).logits[:, -1:].argmax(-1)
+            tok = model(input_ids=ids, **cache_kwargs(model, cache), logits_to_keep=1).logits[:, -1:].argmax(-1)
             torch.cuda.synchronize()
             torch.cuda.set_sync_debug_mode("error" if free else 0)
             try:
                 for _ in range(40):  # 300 + 40 tokens cross block boundaries (block size 16)
-                    tok = model(input_ids=tok, past_key_values=cache, logits_to_keep=1).logits[:, -1:].argmax(-1)
+                    tok = model(input_ids=tok, **cache_kwargs(model, cache), logits_to_keep=1).logits[:, -1:].argmax(-1)
             finally:
                 torch.cuda.set_sync_debug_mode(0)
     exact, free = caches[False], caches[True]

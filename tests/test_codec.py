@@ -26,6 +26,7 @@ from gaac_hf.format import (
     MODE_RAW,
     BlockGeometry,
 )
+from gaac_hf.models import cache_kwargs
 
 
 def bits(x: torch.Tensor) -> torch.Tensor:
@@ -297,7 +298,7 @@ def real_kv(smollm2, wikitext_test):
     ids = tok(wikitext_test[:20000], return_tensors="pt").input_ids[:, :768]
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
-        model(ids, past_key_values=cache, use_cache=True)
+        model(ids, **cache_kwargs(model, cache), use_cache=True)
     return torch.stack([torch.stack([layer.keys[0], layer.values[0]]) for layer in cache.layers])
 
 

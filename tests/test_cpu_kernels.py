@@ -17,6 +17,7 @@ from gaac_hf.kernels.cpu.reference import tiled_attention_reference, visibility
 from gaac_hf.kernels.paged import PagedKV, PagedTensorV3
 from gaac_hf.kernels.reference import attention_reference
 from tests.v3_cases import adversarial_blocks, every_pattern_blocks, same_bits
+from gaac_hf.models import cache_kwargs
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 GUARD = PagedTensorV3.GUARD_BYTES
@@ -384,7 +385,7 @@ def prefill_kv(smollm2, wikitext_test):
     ids = tok(wikitext_test[:20000], return_tensors="pt").input_ids[:, : 8 * 64 + 21]
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
-        model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        model(ids, **cache_kwargs(model, cache), use_cache=True, logits_to_keep=1)
     return [(layer.keys, layer.values) for layer in cache.layers], CalibrationTable.load(find_table("smollm2-135m"))
 
 

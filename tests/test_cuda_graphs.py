@@ -18,6 +18,7 @@ from gaac_hf.cache import GAACCache
 from gaac_hf.format import BlockGeometry
 from gaac_hf.integrations.cuda_graphs import DecodeGraphs, cuda_graphs
 from gaac_hf.kernels.cpu import native
+from gaac_hf.models import cache_kwargs
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="graph mode on the CPU runs the CPU library's attention")
 
@@ -54,7 +55,7 @@ def _prefilled(model, table, rows=2, length=37, seed=3):
     ids = torch.randint(0, 512, (rows, length), generator=torch.Generator().manual_seed(seed))
     cache = GAACCache(model.config, calibration=table, format_version=3, fused=True)
     with torch.no_grad():
-        out = model(ids, past_key_values=cache)
+        out = model(ids, **cache_kwargs(model, cache))
     return cache, out.logits[:, -1:].argmax(-1)
 
 
@@ -84,7 +85,7 @@ def test_graph_mode_steps_equal_ordinary_steps(model_table, sync_free_cpu, monke
     with torch.no_grad():
         for i in range(steps):
             pos = torch.full((2, 1), 37 + i)
-            logits = model(feed[-1], past_key_values=eager, position_ids=pos).logits
+            logits = model(feed[-1], **cache_kwargs(model, eager), position_ids=pos).logits
             ref.append(logits)
             feed.append(logits[:, -1:].argmax(-1))
     graphed, _ = _prefilled(model, table)
@@ -107,8 +108,8 @@ def test_graph_mode_steps_equal_ordinary_steps(model_table, sync_free_cpu, monke
     # after graph mode the cache takes ordinary steps again, with the same results
     with torch.no_grad():
         pos = torch.full((2, 1), 37 + steps)
-        a = model(feed[steps], past_key_values=eager, position_ids=pos).logits
-        b = model(feed[steps], past_key_values=graphed, position_ids=pos).logits
+        a = model(feed[steps], **cache_kwargs(model, eager), position_ids=pos).logits
+        b = model(feed[steps], **cache_kwargs(model, graphed), position_ids=pos).logits
     assert same_bits(a, b)
     assert graphed.verify()["slot_rows"] > 0
 
@@ -121,11 +122,11 @@ def test_cuda_graphs_generate_gives_the_tokens_of_generate(model_table, sync_fre
     mask[1, :5] = 0  # left padding
     kw = dict(do_sample=False, max_new_tokens=40, return_dict_in_generate=True, output_logits=True, pad_token_id=0)
     with torch.no_grad():
-        ref = model.generate(input_ids=ids, attention_mask=mask, past_key_values=GAACCache(model.config, calibration=table,
-                             format_version=3, fused=True), **kw)
+        ref = model.generate(input_ids=ids, attention_mask=mask, **cache_kwargs(model.generate, GAACCache(model.config, calibration=table,
+                             format_version=3, fused=True)), **kw)
         cache = GAACCache(model.config, calibration=table, format_version=3, fused=True)
         with cuda_graphs(model, cache, horizon=16, capture=False) as session:
-            out = model.generate(input_ids=ids, attention_mask=mask, past_key_values=cache, **kw)
+            out = model.generate(input_ids=ids, attention_mask=mask, **cache_kwargs(model.generate, cache), **kw)
             assert session.runner is not None and session.runner.eager_steps > 0
     assert "forward" not in vars(model)  # the model's own forward is back
     assert torch.equal(ref.sequences, out.sequences)
@@ -140,7 +141,7 @@ def test_graph_mode_errors(model_table, sync_free_cpu, monkeypatch):
         DecodeGraphs(model, _prefilled(model, table)[0], capture=True)
     v2 = GAACCache(model.config, calibration=table, format_version=2)
     with torch.no_grad():
-        model(torch.zeros(1, 20, dtype=torch.long), past_key_values=v2)
+        model(torch.zeros(1, 20, dtype=torch.long), **cache_kwargs(model, v2))
     with pytest.raises(ValueError, match="format_version 2"):
         DecodeGraphs(model, v2, capture=False)
     with pytest.raises(ValueError, match="after the prefill"):
@@ -149,7 +150,7 @@ def test_graph_mode_errors(model_table, sync_free_cpu, monkeypatch):
         DecodeGraphs(model, _prefilled(model, table)[0], horizon=0, capture=False)
     full = GAACCache(model.config, calibration=table, format_version=3, return_full_kv=True, fused=True)
     with torch.no_grad():
-        model(torch.zeros(1, 20, dtype=torch.long), past_key_values=full)
+        model(torch.zeros(1, 20, dtype=torch.long), **cache_kwargs(model, full))
     with pytest.raises(ValueError, match="attention is not gaac_hf's"):
         DecodeGraphs(model, full, capture=False)
     monkeypatch.setattr(pool_v3, "CPU_SYNC_FREE", False)
@@ -169,14 +170,14 @@ def test_graph_mode_on_real_smollm2_kv_equals_ordinary_steps(model_tok, wikitext
     with torch.no_grad(), attention(model, "gaac"):
         for _ in range(2):
             cache = GAACCache(model.config, calibration="smollm2-135m", format_version=3, fused=True)
-            logits0 = model(ids, past_key_values=cache).logits[:, -1:]
+            logits0 = model(ids, **cache_kwargs(model, cache)).logits[:, -1:]
             caches.append(cache)
         eager, graphed = caches
         runner = DecodeGraphs(model, graphed, horizon=64, capture=False)
         feed = logits0.argmax(-1)
         kinds = []
         for i in range(30):
-            a = model(feed, past_key_values=eager, position_ids=torch.full((1, 1), 100 + i)).logits
+            a = model(feed, **cache_kwargs(model, eager), position_ids=torch.full((1, 1), 100 + i)).logits
             kinds.append(runner.gaac.kind())
             b = runner.step(feed)
             assert same_bits(a, b), f"step {i}"

@@ -14,6 +14,7 @@ from test_cuda_graphs import _same_bytes, _state, tiny_model
 
 from gaac_hf.cache import GAACCache
 from gaac_hf.integrations.cuda_graphs import DecodeGraphs, cuda_graphs
+from gaac_hf.models import cache_kwargs
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -31,7 +32,7 @@ def _prefilled(model, table, rows=2, length=37, seed=3, version=3):
     ids = torch.randint(0, 512, (rows, length), generator=torch.Generator().manual_seed(seed)).cuda()
     cache = GAACCache(model.config, calibration=table, format_version=version)
     with torch.no_grad():
-        out = model(ids, past_key_values=cache)
+        out = model(ids, **cache_kwargs(model, cache))
     assert cache.layers[0].fused_v3, f"the fused v{version} kernel does not serve this cache (not Hopper?)"
     return cache, out.logits[:, -1:].argmax(-1)
 
@@ -77,7 +78,7 @@ def test_replays_agree_with_ordinary_steps(model_table, version):
     with torch.no_grad():
         for i in range(40):
             pos = torch.full((2, 1), 37 + i, device="cuda")
-            a = model(feed, past_key_values=eager, position_ids=pos).logits
+            a = model(feed, **cache_kwargs(model, eager), position_ids=pos).logits
             b = run.step(feed)
             torch.testing.assert_close(b.float(), a.float(), atol=3e-2, rtol=3e-2)
             feed = a[:, -1:].argmax(-1)
@@ -97,7 +98,7 @@ def test_generate_through_cuda_graphs(model_table, version):
         for capture in (False, True):
             cache = GAACCache(model.config, calibration=table, format_version=version)
             with cuda_graphs(model, cache, horizon=48, capture=capture) as session:
-                outs.append(model.generate(input_ids=ids, attention_mask=mask, past_key_values=cache, **kw))
+                outs.append(model.generate(input_ids=ids, attention_mask=mask, **cache_kwargs(model.generate, cache), **kw))
                 if capture:
                     assert session.runner.replays > 0
     assert "forward" not in vars(model)

@@ -15,6 +15,7 @@ from gaac_hf.kernels.triton.pack import pack_paged_kv
 from gaac_hf.kernels.triton.decode import decode_blocks_triton, decode_tables_triton
 from gaac_hf.kernels.triton.encode import append_escapes_triton, encode_blocks_triton
 from gaac_hf.calibration.synthetic import calibrate, synthetic_kv
+from gaac_hf.models import cache_kwargs
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 SPECIALS = [0x7FC1, 0xFFFF, 0x7F80, 0xFF80, 0x0000, 0x8000, 0x0001, 0x807F, 0x7F7F, 0x0080, 0x3F80]
@@ -227,7 +228,7 @@ def test_triton_codec_on_real_smollm2_kv_through_a_heap(smollm2, wikitext_test):
     ids = tok(wikitext_test[30000:45000], return_tensors="pt").input_ids[:, :128]
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
-        model(ids, past_key_values=cache)
+        model(ids, **cache_kwargs(model, cache))
     pats = torch.tensor(SPECIALS, dtype=torch.int32).to(torch.int16)
     for layer in (0, 14, 29):  # first, middle, last
         for kind, x in ((0, cache.layers[layer].keys[0]), (1, cache.layers[layer].values[0])):  # [H, S, D]

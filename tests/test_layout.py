@@ -120,7 +120,7 @@ def test_the_layout_check_sees_a_planted_upward_import(tmp_path):
 
 def test_cache_keyword_follows_the_forward_signature():
     """One helper names the cache keyword for every caller (calibration, lm-eval, CUDA graphs)."""
-    from gaac_hf.models import cache_keyword
+    from gaac_hf.models import cache_keyword, cache_kwargs
 
     def new(input_ids, cache=None): ...
 
@@ -132,3 +132,12 @@ def test_cache_keyword_follows_the_forward_signature():
     assert cache_keyword(new) == "cache" and cache_keyword(Model()) == "cache"
     assert cache_keyword(old) == "past_key_values"
     assert cache_keyword(min) == "past_key_values"  # no readable signature: the name every release accepts
+
+    class Old:
+        forward = staticmethod(old)
+
+        def generate(self, inputs=None, cache=None, **kwargs): ...  # generate follows forward, whatever it names
+
+    assert cache_keyword(Old().generate) == "past_key_values" and cache_keyword(Model()) == "cache"
+    assert cache_keyword(Old()) == "past_key_values"  # asked twice: the cached answer is per function
+    assert cache_kwargs(Old().generate, 7) == {"past_key_values": 7}

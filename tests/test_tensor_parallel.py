@@ -15,6 +15,7 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from gaac_hf.calibration import CalibrationTable, choose_windows, config_fingerprint, exponent_histogram, model_kv_shape
 from gaac_hf.format import BlockGeometry
+from gaac_hf.models import cache_kwargs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -28,7 +29,7 @@ def test_two_rank_tensor_parallel_generate_is_bit_identical(tmp_path):
     model.save_pretrained(tmp_path / "model")
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
-        model(torch.randint(0, 256, (1, 256)), past_key_values=cache)
+        model(torch.randint(0, 256, (1, 256)), **cache_kwargs(model, cache))
     kv = torch.stack([torch.stack([layer.keys[0], layer.values[0]]) for layer in cache.layers])
     b8, b16 = choose_windows(exponent_histogram(kv))
     assert not torch.equal(b8[:, :, 0], b8[:, :, 1])  # heads differ, so a wrong shard would show

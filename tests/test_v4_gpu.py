@@ -34,6 +34,7 @@ from gaac_hf.kernels.cuda.fused_attention_v4 import (decode_blocks_v4_cuda, gaac
                                                      pack_paged_v4, twin_config)
 from gaac_hf.kernels.reference import attention_reference  # noqa: E402
 from test_cache_gpu import model_table  # noqa: E402,F401 - the module fixture (random SmolLM2-shaped model)
+from gaac_hf.models import cache_kwargs  # noqa: E402
 
 DEV = torch.device("cuda")
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -317,11 +318,11 @@ def test_v4_cache_generate_is_bit_identical_to_the_bf16_twin(model_table, monkey
     with torch.no_grad(), attention(model, "gaac"):
         calls = count_calls(monkeypatch, fv3, "fused_v3_attention")
         cache = GAACCache(model.config, calibration=table, format_version=4)
-        fused = model.generate(**inputs, past_key_values=cache, **kw)
+        fused = model.generate(**inputs, **cache_kwargs(model.generate, cache), **kw)
         assert all(layer.format_version == 4 and layer.fused_v3 for layer in cache.layers)
         assert len(calls) == 23 * len(cache.layers), "every decode step of every layer ran the fused v4 kernel"
         monkeypatch.setattr(fv3, "fused_v3_attention", _twin_attention_v4)
-        ref = model.generate(**inputs, past_key_values=GAACCache(model.config, calibration=table, format_version=4), **kw)
+        ref = model.generate(**inputs, **cache_kwargs(model.generate, GAACCache(model.config, calibration=table, format_version=4)), **kw)
     assert torch.equal(fused.sequences, ref.sequences)
     for a, b in zip(fused.logits, ref.logits):
         assert same_bits(a, b)
@@ -340,12 +341,12 @@ def test_v4_cache_decode_steps_never_sync_the_host(model_table):
     ids = torch.randint(100, 49000, (2, 300), device="cuda")
     cache = GAACCache(model.config, calibration=table, format_version=4)
     with torch.no_grad(), attention(model, "gaac"):
-        tok = model(input_ids=ids, past_key_values=cache, logits_to_keep=1).logits[:, -1:].argmax(-1)
+        tok = model(input_ids=ids, **cache_kwargs(model, cache), logits_to_keep=1).logits[:, -1:].argmax(-1)
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:
             for _ in range(40):  # crosses block boundaries (block size 16)
-                tok = model(input_ids=tok, past_key_values=cache, logits_to_keep=1).logits[:, -1:].argmax(-1)
+                tok = model(input_ids=tok, **cache_kwargs(model, cache), logits_to_keep=1).logits[:, -1:].argmax(-1)
         finally:
             torch.cuda.set_sync_debug_mode(0)
     assert cache.layers[0].pools[0].sync_free and cache.verify()["slot_rows"] > 0
