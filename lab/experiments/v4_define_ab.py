@@ -2,7 +2,9 @@
 (eval/harness.py's graph timer, L2 flushed), the output checked bit for bit against the BF16 twin.
 
     python lab/experiments/v4_define_ab.py --out $OUT/ab.json --cases gemma3:1:16384 qwen3-8b:1:65536 \
-        --variants "" ONE_TILE_BODY=1
+        --variants "" ONE_TILE_BODY=1 launch=4:3:1 launch=4:3:1,CONSTS_SERIAL=1
+
+A variant's ``launch=W:S:C`` (warps:stages:CTAs per SM) replaces the planner's launch (its twin follows it).
 """
 import argparse
 import json
@@ -23,7 +25,8 @@ from gaac_hf.kernels.cuda import fused_attention_v4 as F4  # noqa: E402
 ap = argparse.ArgumentParser()
 ap.add_argument("--out", required=True)
 ap.add_argument("--cases", nargs="+", required=True)
-ap.add_argument("--variants", nargs="+", required=True, help='"" (the planner\'s defines) or NAME=V[,NAME=V]')
+ap.add_argument("--variants", nargs="+", required=True,
+                help='"" (the planner\'s defines) or NAME=V[,NAME=V][,launch=W:S:C]')
 args = ap.parse_args()
 
 orig = F4.plan
@@ -42,9 +45,17 @@ for shape, B, S in parse_cases(args.cases):
     case = Case(shape, B, S, torch.device("cuda"))
     for v in args.variants:
         forced.clear()
-        forced.update({kv.split("=")[0]: int(kv.split("=")[1]) for kv in v.split(",") if kv})
-        us, _ = harness.time_and_error(f"{shape} {v}", lambda: case.gaac())
-        same = case.bit_identical() if us else None
+        items = [kv.split("=") for kv in v.split(",") if kv]
+        forced.update({k: int(x) for k, x in items if k != "launch"})
+        launch = [x for k, x in items if k == "launch"]
+        config = None
+        if launch:
+            from gaac_hf.kernels import LaunchConfig
+
+            w, st, c = (int(x) for x in launch[0].split(":"))
+            config = LaunchConfig(num_warps=w, num_stages=st, ctas_per_sm=c)
+        us, _ = harness.time_and_error(f"{shape} {v}", lambda: case.gaac(config))
+        same = case.bit_identical(config) if us else None
         rows.append(dict(shape=shape, batch=B, context=S, variant=v or "default", us=us, bit_identical=same))
         print(f"  {shape} B={B} {S} [{v or 'default'}]: {us} us same={same}", flush=True)
     del case
