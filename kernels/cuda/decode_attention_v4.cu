@@ -430,11 +430,16 @@ gaac_v4_decode_split(const u16* __restrict__ q,                                 
 #pragma unroll
   for (int s = 0; s < S - 1; ++s)
     if (s < n_tiles) win.issue(s, wring + s * 2 * SLOT_KIND, wbar + s, lane);
-  build_consts(cst, k_b16 + h * D, v_b16 + h * D);
-#if K_ROLLED
   attend::WarpState st;
+#if K_ROLLED
+  build_consts(cst, k_b16 + h * D, v_b16 + h * D);
   __shared__ uint2 q_smem[attend::NT * KS * 32];
   st.load_q_shared(q + (static_cast<i64>(b) * hq_total + hq0) * D, q_smem, lane, warp);
+#else
+  // Q's fragments, then the constants: both are read-only global loads on the way to the first tile, issued
+  // together (ptxas hoisted Q's above the barrier below already; written here, the order does not rest on that)
+  st.load_q(q + (static_cast<i64>(b) * hq_total + hq0) * D, lane);
+  build_consts(cst, k_b16 + h * D, v_b16 + h * D);
 #endif
   __syncthreads();  // constants built (K_ROLLED: and Q's fragments)
   Consts cs;
@@ -442,13 +447,7 @@ gaac_v4_decode_split(const u16* __restrict__ q,                                 
   DeferredV dv{bars + W * S + (COMPACT_SLOTS ? warp : 0), 0u};
   // COMPACT_SLOTS: a deferred V tile's source, looked up again (no table read for the tail; one for a BF16 block)
   auto v_again = [&](int tok0) { return COMPACT_SLOTS ? tile_src(v_pool, vtail, vt, nb, tok0) : Src{nullptr, nullptr}; };
-#if !K_ROLLED
-  attend::WarpState st;
-#endif
   st.init();
-#if !K_ROLLED
-  st.load_q(q + (static_cast<i64>(b) * hq_total + hq0) * D, lane);
-#endif
 
   // outer loop: windows of issued tiles (tile it + S - 1 is issued in iteration it); the window's lookup sits
   // outside the per-tile loop, so that loop's body is the per-tile path alone
