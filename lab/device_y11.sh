@@ -17,6 +17,18 @@ timeout 120 python3 lab/experiments/v4_define_ab.py --out $OUT/consts_d256_$GPU.
 timeout 80 python3 lab/experiments/v4_define_ab.py --out $OUT/consts_d128_d64_$GPU.json --cases qwen3-8b:1:16384 \
   qwen3-8b:1:65536 smollm2-135m:1:16384 smollm2-135m:1:32768 --variants "" CONSTS_SERIAL=1 2>&1 | grep -E "B=|wrote|rror"
 echo "ab done after $SECONDS s"
+for v in "gemma3:1:16384" "gemma3:1:65536"; do  # where the stalls sit now, over all instructions
+  tag=$(echo $v | tr ' :=' ___)
+  timeout 50 ncu --clock-control none --section SourceCounters --section WarpStateStats --section SpeedOfLight \
+    -k regex:gaac_v4_decode_split --launch-skip 2 --launch-count 1 -o /tmp/rep_$tag -f python3 lab/experiments/v4_ncu_one.py $v > /tmp/ncu_$tag.log 2>&1
+  ncu -i /tmp/rep_$tag.ncu-rep --page source --csv --print-source sass > /tmp/src_$tag.csv 2>&1
+  python3 lab/ncu_src_summary.py /tmp/src_$tag.csv 60 > $OUT/summary_v4_${tag}_${GPU}_callY11.txt 2>&1
+  ncu -i /tmp/rep_$tag.ncu-rep --page details --csv > $OUT/details_v4_${tag}_${GPU}_callY11.csv 2>&1
+  gzip -c /tmp/src_$tag.csv > $OUT/src_v4_${tag}_${GPU}_callY11.csv.gz
+  echo "== $v"; sed -n 2,4p $OUT/summary_v4_${tag}_${GPU}_callY11.txt | cut -c1-700
+  grep -E '"(Duration|DRAM Throughput|Warp Cycles Per Issued Instruction)"' $OUT/details_v4_${tag}_${GPU}_callY11.csv | cut -d, -f12- | head -4
+done
+echo "ncu done after $SECONDS s"
 timeout 200 python3 -m pytest -q -m gpu tests/test_v4_gpu.py -p no:cacheprovider > $OUT/pytest_gpu_v4_$GPU.txt 2>&1
 tail -3 $OUT/pytest_gpu_v4_$GPU.txt
 echo "all done after $SECONDS s"

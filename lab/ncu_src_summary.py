@@ -1,5 +1,5 @@
 """Summarise an `ncu --page source --csv --print-source sass` export (lab only): the columns, the
-total stall samples, the top instructions by samples with their stall-reason split, and samples
+total stall samples, the not-issued samples by reason over all instructions, the top instructions by samples with their stall-reason split, and samples
 per opcode.   python lab/ncu_src_summary.py src.csv [N]"""
 import collections
 import csv
@@ -32,6 +32,12 @@ for r in good:
         op = r[col["Source"]].split()[1]
     by_op[op.split(".")[0]] += num(r[col[samp]])
 print("samples per opcode:", [(k, round(100 * v / tot, 1)) for k, v in by_op.most_common(20)])
+not_issued = [h for h in reasons if "(Not Issued)" in h]
+by_reason = {h: sum(num(r[col[h]]) for r in good) for h in not_issued}
+nt = sum(by_reason.values()) or 1.0
+print("not-issued samples by reason, all instructions:",
+      [(h.replace("stall_", "").replace(" (Not Issued)", ""), round(100 * v / nt, 1))
+       for h, v in sorted(by_reason.items(), key=lambda kv: -kv[1]) if v])
 extra = [h for h in hdr if "Executed" in h and "Instructions" in h][:1]
 for r in sorted(good, key=lambda r: -num(r[col[samp]]))[:n_top]:
     s = num(r[col[samp]])
