@@ -1,5 +1,6 @@
 #!/bin/bash
-# Session 28, call Y11 (<= ~250 s): H200 only: issue 19's memory line first. Any card: build_consts with every
+# Session 28, call Y11 (<= ~250 s; H200 ~330 s): H200 only: issue 19's memory line and issue 14's codec file
+# (needs carry .kvdump) first. Any card: build_consts with every
 # byte load issued first (default) against the old one-latency-per-round loop (CONSTS_SERIAL=1), and Gemma3's
 # deeper rings (W4 x 3 full slots, W4 x 4 compact, W8 x 2 compact); bit check against the twin per row; then the
 # v4 GPU tests. Usage: $0 <commit>. Prediction: lab/cuda-decode-notebook.md, "Call Y11 prediction".
@@ -11,6 +12,9 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 ||
 timeout 100 python3 eval/memory_report.py --gpu --contexts 32768 65536 --gpu-layers 12 --out $OUT/memory_h200.json 2>&1 \
   | grep -E "gaac_vs|wrote|rror" | sed 's/.stats.*gaac_vs/ gaac_vs/' | tail -6
 echo "memory done after $SECONDS s"
+[ -f .kvdump/smollm2_kv_v3.pt ] && (R=$PWD; cd /tmp && timeout 60 python3 $R/eval/bench_codec_v3.py \
+  --kv $R/.kvdump/smollm2_kv_v3.pt --out $OUT/codec_v3_$GPU.json 2>&1 | grep -E "^d=|wrote|rror")
+echo "codec done after $SECONDS s"
 }
 timeout 120 python3 lab/experiments/v4_define_ab.py --out $OUT/consts_d256_$GPU.json --cases gemma3:1:16384 \
   gemma3:1:65536 gemma3:4:65536 --variants "" CONSTS_SERIAL=1 CONST_REGS=0 launch=4:3:1 launch=4:4:1 launch=8:2:1 2>&1 | grep -E "B=|wrote|rror"
