@@ -21,6 +21,9 @@ timeout 120 python3 lab/experiments/v4_define_ab.py --out $OUT/consts_d256_$GPU.
 timeout 80 python3 lab/experiments/v4_define_ab.py --out $OUT/consts_d128_d64_$GPU.json --cases qwen3-8b:1:16384 \
   qwen3-8b:1:65536 smollm2-135m:1:16384 smollm2-135m:1:32768 --variants "" CONSTS_SERIAL=1 2>&1 | grep -E "B=|wrote|rror"
 echo "ab done after $SECONDS s"
+timeout 90 python3 lab/experiments/v4_stamps.py --out $OUT/stamps_$GPU.json --cases gemma3:1:16384 gemma3:1:65536 \
+  qwen3-8b:1:65536 smollm2-135m:1:16384 2>&1 | grep -vE "^\s*$|Warning|warn"
+echo "stamps done after $SECONDS s"
 for v in "gemma3:1:16384" "gemma3:1:65536"; do  # where the stalls sit now, over all instructions
   tag=$(echo $v | tr ' :=' ___)
   timeout 50 ncu --clock-control none --section SourceCounters --section WarpStateStats --section SpeedOfLight \

@@ -53,21 +53,6 @@
 #ifndef COMPACT_SLOTS
 #define COMPACT_SLOTS 0
 #endif
-// ONE_TILE_BODY (an experiment, session 27; off by default, the cubin unchanged): every compressed tile runs the body
-// that handles raw groups, instead of a second straight-line copy for tiles without them. At d = 256 the two fully
-// unrolled bodies (~13 KB of SASS each) alternate tile by tile and the kernel is instruction-fetch bound (call Y8:
-// no_inst stalls over the bodies, the issue rate per scheduler flat from 4 to 8 warps); one body trades a few ALU
-// operations per group on tiles without raw groups for half the hot code. The bits cannot change (the raw fix of a
-// lane without a raw group is the identity: tests/test_v4_gpu.py).
-#ifndef ONE_TILE_BODY
-#define ONE_TILE_BODY 0
-#endif
-// K_ROLLED (gaac/attend.cuh): K's k-steps as a rolled loop over Q fragments in shared memory (d = 256 only: the
-// lazy lane tiles read each group's words by index; the base16 constants must come from shared memory too).
-#ifndef K_ROLLED
-#define K_ROLLED 0
-#endif
-
 namespace {
 using namespace gaac;
 using attend::D;
@@ -148,7 +133,6 @@ __device__ __forceinline__ void build_consts(uint2* cst, const unsigned char* k1
 // are read from shared memory when the group is decoded (d = 256: 175 registers with up to 8 query heads per kv
 // head; 16 spill, and the launcher refuses them). 192 builds too, but the launcher takes 64, 128, 256.
 constexpr bool LAZY = D > 128;
-static_assert(!K_ROLLED || (LAZY && !CONST_REGS), "K_ROLLED needs head_dim > 128 and CONST_REGS=0");
 template <bool IS_V, bool RAW>
 struct LaneTile {
   uint4 sm[LAZY ? 1 : NP / 8];
@@ -413,6 +397,8 @@ gaac_v4_decode_split(const u16* __restrict__ q,                                 
   const u16* ktail = k_tail + bh * T * D;
   const u16* vtail = v_tail + bh * T * D;
 
+  stamps::reset();
+  stamps::mark(0);
   unsigned long long* wbar = bars + warp * S;
   unsigned char* wring = ring + warp * S * 2 * SLOT_KIND;
   const int wrow = warp * 16;
@@ -431,17 +417,12 @@ gaac_v4_decode_split(const u16* __restrict__ q,                                 
   for (int s = 0; s < S - 1; ++s)
     if (s < n_tiles) win.issue(s, wring + s * 2 * SLOT_KIND, wbar + s, lane);
   attend::WarpState st;
-#if K_ROLLED
-  build_consts(cst, k_b16 + h * D, v_b16 + h * D);
-  __shared__ uint2 q_smem[attend::NT * KS * 32];
-  st.load_q_shared(q + (static_cast<i64>(b) * hq_total + hq0) * D, q_smem, lane, warp);
-#else
   // Q's fragments, then the constants: both are read-only global loads on the way to the first tile, issued
   // together (ptxas hoisted Q's above the barrier below already; written here, the order does not rest on that)
   st.load_q(q + (static_cast<i64>(b) * hq_total + hq0) * D, lane);
   build_consts(cst, k_b16 + h * D, v_b16 + h * D);
-#endif
-  __syncthreads();  // constants built (K_ROLLED: and Q's fragments)
+  __syncthreads();  // constants built
+  stamps::mark(1);
   Consts cs;
   cs.init(cst, lane);
   DeferredV dv{bars + W * S + (COMPACT_SLOTS ? warp : 0), 0u};
@@ -462,6 +443,7 @@ gaac_v4_decode_split(const u16* __restrict__ q,                                 
     for (; it < it_end; ++it) {
       const int slot = it % S;
       mbar_wait(wbar + slot, (it / S) & 1);
+      if (it == 0) stamps::mark(2);  // GAAC_STAMPS builds only: the first tile staged
       const int nx = it + S - 1;
       if (nx < n_tiles) {
         __syncwarp();  // every lane's reads of the slot refilled now are done (they finished last iteration)
@@ -485,7 +467,7 @@ gaac_v4_decode_split(const u16* __restrict__ q,                                 
         // the common case: both tiles compressed, one straight-line body per tile, the raw-group fix compiled
         // in only for tiles that list raw groups (n_raw is the first byte of each side area)
         const u32 nraw = (sl[SIDE_OFF] | sl[SLOT_KIND + SIDE_OFF]);
-        if (nraw == 0 && !ONE_TILE_BODY) compressed_tile<false>(st, sl, cs, tok0, lo, hi, lane, scale_log2);
+        if (nraw == 0) compressed_tile<false>(st, sl, cs, tok0, lo, hi, lane, scale_log2);
         else compressed_tile<true>(st, sl, cs, tok0, lo, hi, lane, scale_log2);
       } else if (k_comp && v_comp) {
         compressed_tile<true, true>(st, sl, cs, tok0, lo, hi, lane, scale_log2, vlo, vhi);
@@ -498,6 +480,7 @@ gaac_v4_decode_split(const u16* __restrict__ q,                                 
       }
     }
   }
+  stamps::mark(3);
   __syncthreads();
   attend::finish(st, smem, attend::Output{part_o, part_lse, out, counters, static_cast<i64>(b) * hq_total + hq0, bh,
                                           split, splits});

@@ -2,6 +2,9 @@
 ``gaac_v4_decode_split`` SASS count and registers, and eval/sass_v4.py's warp-tile bodies, with experiment defines.
 
     python lab/experiments/v4_code_size.py --out lab/results/session27_code_size.json
+
+Its experiment defines (ONE_TILE_BODY, K_ROLLED) left the kernel in session 28 after call Y10 measured them (no gain;
+lab/cuda-decode-notebook.md): rerun it at commit 369ba63, which holds them.
 """
 import argparse
 import json

@@ -11,6 +11,7 @@
 // The includer defines HEAD_DIM, GROUP, WARPS before including.
 #pragma once
 #include "ptx.cuh"
+#include "stamps.cuh"
 
 namespace gaac {
 namespace attend {
@@ -27,15 +28,6 @@ constexpr int THREADS = 32 * W;
 static_assert(D % 16 == 0 && D >= 16 && D <= 256, "HEAD_DIM must be a multiple of 16 up to 256");
 static_assert(G >= 1 && G <= 16, "GROUP must be 1..16");
 
-// K_ROLLED (an experiment for the fused v4 kernel at d = 256, session 27; 0 everywhere by default): Q^T's B fragments
-// live in shared memory ([NT][KS][32] uint2, written once per CTA by load_q_shared) instead of registers, so the K
-// k-steps run as a rolled loop (one copy of the k-step body instead of KS): call Y8 found the d = 256 kernel
-// instruction-fetch bound on its unrolled tile bodies. Same MMAs in the same order on the same fragments, so the
-// same bits. The V m-steps stay unrolled (their accumulators o[m] are registers).
-#ifndef K_ROLLED
-#define K_ROLLED 0
-#endif
-
 struct NoHook {
   __device__ __forceinline__ void operator()() const {}
 };
@@ -44,11 +36,7 @@ struct NoHook {
 struct WarpState {
   float o[KS][NT][4];
   float m_run[NT][2], l_run[NT][2];
-#if K_ROLLED
-  const uint2* qs;  // [NT][KS][32] in shared memory (load_q_shared)
-#else
   u32 qf[NT][KS][2];
-#endif
 
   __device__ __forceinline__ void init() {
 #pragma unroll
@@ -66,22 +54,6 @@ struct WarpState {
 
   // Q^T as B fragments: b0 = Q[head g][16k + 2t4 .. +1], b1 = Q[head g][16k + 8 + 2t4 .. +1].
   // q_heads: the G query heads of this kv head, [G, D].
-#if K_ROLLED
-  // K_ROLLED: the CTA's warps share one copy; warp 0 writes it, the caller's __syncthreads publishes it.
-  __device__ __forceinline__ void load_q_shared(const u16* q_heads, uint2* q_smem, int lane, int warp) {
-    qs = q_smem;
-    if (warp != 0) return;
-    const int g = lane >> 2, t4 = lane & 3;
-    for (int nt = 0; nt < NT; ++nt) {
-      const int head = nt * 8 + g;
-      const u32* qrow = reinterpret_cast<const u32*>(q_heads + head * D);
-      for (int k = 0; k < KS; ++k)
-        q_smem[(nt * KS + k) * 32 + lane] = head < G ? make_uint2(__ldg(qrow + (16 * k + 2 * t4) / 2),
-                                                                  __ldg(qrow + (16 * k + 8 + 2 * t4) / 2))
-                                                     : make_uint2(0u, 0u);
-    }
-  }
-#else
   __device__ __forceinline__ void load_q(const u16* q_heads, int lane) {
     const int g = lane >> 2, t4 = lane & 3;
 #pragma unroll
@@ -95,7 +67,6 @@ struct WarpState {
       }
     }
   }
-#endif
 
   // Attend to 16 rows staged in shared memory: ks / vs = row 0 of K / V (row stride ROW); row r is
   // position tok0 + r, used only if lo <= tok0 + r < hi (a masked V row must hold finite values).
@@ -132,18 +103,6 @@ struct WarpState {
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int j = 0; j < 4; ++j) sacc[nt][j] = 0.f;
-#if K_ROLLED
-#pragma unroll 1
-    for (int k = 0; k < KS; ++k) {
-      u32 a[4];
-      k_frag(k, a);
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        const uint2 b = qs[(nt * KS + k) * 32 + (lane & 31)];
-        mma_bf16_16816(sacc[nt], a, b.x, b.y);
-      }
-    }
-#else
 #pragma unroll
     for (int k = 0; k < KS; ++k) {
       u32 a[4];
@@ -151,7 +110,6 @@ struct WarpState {
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) mma_bf16_16816(sacc[nt], a, qf[nt][k][0], qf[nt][k][1]);
     }
-#endif
     after_k();
 
     // online softmax: this lane holds tokens g and g + 8, heads 2*t4 and 2*t4 + 1 of each n-tile
@@ -398,7 +356,11 @@ __device__ __forceinline__ void finish(const WarpState& st, unsigned char* smem,
       if (d == 0) dst.part_lse[row * splits + split] = l > 0.f ? ref + log2_approx(l) : GAAC_NEG_INF;
     }
   }
-  if (splits == 1) return;
+  stamps::mark(4);
+  if (splits == 1) {
+    stamps::print(2);
+    return;
+  }
 
   // ---- the last CTA of this (sequence, kv head) to finish merges all splits (no second launch) ----
   // partials stored, fence, count; the CTA that brings the count to its total reads everyone's
@@ -413,14 +375,26 @@ __device__ __forceinline__ void finish(const WarpState& st, unsigned char* smem,
   if (tree) {
     const int chunk = split / MERGE_CHUNK, c0 = chunk * MERGE_CHUNK;
     const int cn = splits - c0 < MERGE_CHUNK ? splits - c0 : MERGE_CHUNK;
-    if (!arrive_last(base + 1 + chunk, cn)) return;
+    if (!arrive_last(base + 1 + chunk, cn)) {
+      stamps::print(0);
+      return;
+    }
     merge_splits(dst, smem, c0, 1, cn, false, nthreads);
-    if (!arrive_last(base, nch)) return;
+    stamps::mark(5);
+    if (!arrive_last(base, nch)) {
+      stamps::print(1);
+      return;
+    }
     merge_splits(dst, smem, 0, MERGE_CHUNK, nch, true, nthreads);
   } else {
-    if (!arrive_last(base, splits)) return;
+    if (!arrive_last(base, splits)) {
+      stamps::print(0);
+      return;
+    }
     merge_splits(dst, smem, 0, 1, splits, true, nthreads);
   }
+  stamps::mark(6);
+  stamps::print(2);
 }
 
 }  // namespace attend

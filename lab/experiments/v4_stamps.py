@@ -1,0 +1,142 @@
+"""Where one fused v4 call's time goes (lab only): the kernel built with GAAC_STAMPS=1 (kernels/cuda/include/gaac/
+stamps.cuh) prints, per CTA, %globaltimer and clock64 at its phase points; this script launches it after an L2 flush,
+reads the lines of each launch and reports the phases.
+
+    python lab/experiments/v4_stamps.py --out $OUT/stamps.json --cases gemma3:1:16384 qwen3-8b:1:65536 [--launches 5]
+
+Points (thread 0 of each CTA): 0 entry, 1 prologue done (barriers, first copies issued, Q, constants, barrier),
+2 first tile staged, 3 tile loop done, 4 the CTA's partial written, 5 its chunk merged (two-level merges only),
+6 the final merge done (the last CTA only). Phases are clock64 cycles of the CTA's own SM, converted to ns with the
+clock rate the launch itself shows (globaltimer ns / clock cycles over all CTAs); the call's span is globaltimer:
+first entry to the final merge's end.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "eval"))
+import harness  # noqa: E402
+from bench_attention_v4 import Case, parse_cases  # noqa: E402
+
+from gaac_hf.kernels.cuda import fused_attention_v4 as F4  # noqa: E402
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--out", required=True)
+ap.add_argument("--cases", nargs="+", required=True)
+ap.add_argument("--launches", type=int, default=5)
+ap.add_argument("--define", nargs="*", default=[], help="more forced defines, NAME=V")
+args = ap.parse_args()
+
+forced = {"GAAC_STAMPS": 1} | {kv.split("=")[0]: int(kv.split("=")[1]) for kv in args.define}
+orig = F4.plan
+
+
+def plan(*a, **kw):
+    p = orig(*a, **kw)
+    p["defines"].update(forced)
+    return p
+
+
+F4.plan = plan
+
+
+def captured(fn) -> list[str]:
+    """Run fn with the process's stdout (where device printf lands at the sync) sent to a file; its lines."""
+    sys.stdout.flush()
+    with tempfile.TemporaryFile(mode="w+") as f:
+        saved = os.dup(1)
+        os.dup2(f.fileno(), 1)
+        try:
+            fn()
+            torch.cuda.synchronize()
+        finally:
+            sys.stdout.flush()
+            os.dup2(saved, 1)
+            os.close(saved)
+        f.seek(0)
+        return [ln for ln in f.read().splitlines() if ln.startswith("GAAC_STAMP ")]
+
+
+def phases(lines: list[str]) -> dict:
+    rows = []
+    for ln in lines:
+        v = [int(x) for x in ln.split()[1:]]
+        rows.append(dict(cta=v[:3], last=v[3], ns=v[4:12], clk=v[12:20]))
+    t0 = min(r["ns"][0] for r in rows)
+    end = max(max(r["ns"]) for r in rows)
+    # clock rate of this launch: per CTA, (last stamp - entry) in ns over cycles; the median CTA
+    rates = [(max(r["ns"]) - r["ns"][0]) / max(1, max(r["clk"]) - r["clk"][0]) for r in rows
+             if max(r["clk"]) > r["clk"][0]]
+    ns_per_clk = statistics.median(rates)
+
+    def span(r, a, b):
+        return (r["clk"][b] - r["clk"][a]) * ns_per_clk if r["clk"][a] and r["clk"][b] else None
+
+    def summary(vals):
+        vals = [x for x in vals if x is not None]
+        return dict(median=statistics.median(vals), max=max(vals), min=min(vals), n=len(vals)) if vals else None
+
+    names = {"prologue": (0, 1), "first_tile_wait": (1, 2), "tile_loop": (2, 3), "partial_write": (3, 4),
+             "chunk_merge": (4, 5), "final_merge": (5, 6)}
+    out = dict(ctas=len(rows), span_us=(end - t0) / 1e3, ns_per_clk=ns_per_clk,
+               entry_skew_us=(max(r["ns"][0] for r in rows) - t0) / 1e3,
+               phases_us={k: summary([(span(r, a, b) or 0) / 1e3 if span(r, a, b) is not None else None
+                                      for r in rows]) for k, (a, b) in names.items()})
+    fin = [r for r in rows if r["last"] == 2]
+    if fin:
+        r = fin[0]
+        out["final_cta"] = dict(cta=r["cta"], entry_after_first_us=(r["ns"][0] - t0) / 1e3,
+                                chain_us={k: (span(r, a, b) or 0) / 1e3 for k, (a, b) in names.items()
+                                          if span(r, a, b) is not None or (a, b) == (5, 6)})
+        # the final merge after a one-level arrival: from point 4
+        if not r["clk"][5] and r["clk"][6]:
+            out["final_cta"]["chain_us"]["final_merge"] = (r["clk"][6] - r["clk"][4]) * ns_per_clk / 1e3
+        out["final_cta"]["end_us"] = (r["ns"][6] - t0) / 1e3 if r["ns"][6] else None
+    last_partial = max(r["ns"][4] for r in rows if r["ns"][4])
+    out["last_partial_written_us"] = (last_partial - t0) / 1e3
+    out["last_loop_done_us"] = (max(r["ns"][3] for r in rows if r["ns"][3]) - t0) / 1e3
+    out["first_tile_staged_us"] = summary([(r["ns"][2] - t0) / 1e3 for r in rows if r["ns"][2]])
+    return out
+
+
+results = []
+buf = harness.flush_buffer(torch.device("cuda"))
+for shape, B, S in parse_cases(args.cases):
+    case = Case(shape, B, S, torch.device("cuda"))
+    f = case.gaac()
+    captured(f)  # compile, warm
+    launches = []
+    for _ in range(args.launches):
+        buf.zero_()
+        torch.cuda.synchronize()
+        lines = captured(f)
+        launches.append(phases(lines))
+    spans = [x["span_us"] for x in launches]
+    med = launches[sorted(range(len(spans)), key=lambda i: spans[i])[len(spans) // 2]]
+    results.append(dict(shape=shape, batch=B, context=S, median_launch=med, spans_us=spans))
+    ph = med["phases_us"]
+    print(f"{shape} B={B} {S}: span {med['span_us']:.1f} us (launches {', '.join(f'{s:.1f}' for s in spans)}), "
+          f"entry skew {med['entry_skew_us']:.1f}, first tile staged at median "
+          f"{med['first_tile_staged_us']['median']:.1f}", flush=True)
+    print("   per-CTA phases, median / max us: " + "; ".join(
+        f"{k} {v['median']:.2f}/{v['max']:.2f}" for k, v in ph.items() if v), flush=True)
+    if "final_cta" in med:
+        fc = med["final_cta"]
+        print(f"   final CTA: entry +{fc['entry_after_first_us']:.1f}, chain "
+              + ", ".join(f"{k} {v:.2f}" for k, v in fc["chain_us"].items()) + f", end {fc['end_us']}", flush=True)
+    del case
+    torch.cuda.empty_cache()
+commit = os.environ.get("GAAC_COMMIT") or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                                         cwd=REPO).stdout.strip()
+Path(args.out).write_text(json.dumps(dict(commit=commit, command=" ".join(sys.argv), gpu=torch.cuda.get_device_name(),
+                                          versions=dict(torch=torch.__version__), forced=forced, rows=results),
+                                     indent=1))
+print("wrote", args.out)
