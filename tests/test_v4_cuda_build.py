@@ -203,24 +203,26 @@ def test_pack_paged_v4_decodes_to_its_input(monkeypatch):
 
 def test_stamps_build_compiles_and_leaves_the_product_cubin_alone(tmp_path, monkeypatch):
     """GAAC_STAMPS=1 (gaac/stamps.cuh: per-CTA phase timestamps for lab/experiments/v4_stamps.py) must build for the
-    planner's d = 256 launch, and GAAC_STAMPS=0 must build exactly the product cubin (the stamps compile away)."""
+    planners' d = 256 launches of the fused kernel and of the BF16 twin, and GAAC_STAMPS=0 must build exactly the
+    product cubins (the stamps compile away)."""
     from gaac_hf.kernels.cuda import attention as A
 
     monkeypatch.setattr(A, "_sm_count", lambda device: 132)
     monkeypatch.setattr(F4, "_sm_count", lambda device: 132)
-    p = F4.plan(1, 1, 4, 64, 256, 16384 + 64, None, LaunchConfig())
-    defines = dict(p["defines"], MERGE_CHUNK=A.merge_chunk(4, p["splits"], 256))
-    cubins = {}
-    for name, extra in (("product", {}), ("off", dict(GAAC_STAMPS=0)), ("on", dict(GAAC_STAMPS=1))):
-        out = tmp_path / f"{name}.cubin"
-        res = subprocess.run(runtime.nvcc_command(F4.SOURCE, dict(defines, **extra), "sm_90a", str(out)),
-                             capture_output=True, text=True)
-        assert res.returncode == 0, res.stderr[-3000:]
-        cubins[name] = out.read_bytes()
-        report = runtime.parse_ptxas(res.stdout + res.stderr)
-        if name == "on":  # printf's arguments take a stack frame: the only local memory allowed, no spills
-            assert all(r.get("spill_stores", 0) == 0 and r.get("spill_loads", 0) == 0 for r in report.values())
-        else:
-            assert runtime.resource_problems(report, _cap(defines)) == []
-    assert cubins["off"] == cubins["product"]
-    assert cubins["on"] != cubins["product"] and b"GAAC_STAMP" in cubins["on"]
+    for source, planner in ((F4.SOURCE, F4.plan), (A.SOURCE, A.plan)):  # the fused kernel and its BF16 twin
+        p = planner(1, 1, 4, 64, 256, 16384 + 64, None, LaunchConfig())
+        defines = dict(p["defines"], MERGE_CHUNK=A.merge_chunk(4, p["splits"], 256))
+        cubins = {}
+        for name, extra in (("product", {}), ("off", dict(GAAC_STAMPS=0)), ("on", dict(GAAC_STAMPS=1))):
+            out = tmp_path / f"{name}.cubin"
+            res = subprocess.run(runtime.nvcc_command(source, dict(defines, **extra), "sm_90a", str(out)),
+                                 capture_output=True, text=True)
+            assert res.returncode == 0, res.stderr[-3000:]
+            cubins[name] = out.read_bytes()
+            report = runtime.parse_ptxas(res.stdout + res.stderr)
+            if name == "on":  # printf's arguments take a stack frame: the only local memory allowed, no spills
+                assert all(r.get("spill_stores", 0) == 0 and r.get("spill_loads", 0) == 0 for r in report.values())
+            else:
+                assert runtime.resource_problems(report, _cap(defines)) == [], (source, report)
+        assert cubins["off"] == cubins["product"], source
+        assert cubins["on"] != cubins["product"] and b"GAAC_STAMP" in cubins["on"], source

@@ -150,6 +150,8 @@ gaac_bf16_decode_split(const u16* __restrict__ q,        // [B, Hkv*G, D]
   PagedRows<T, D> kp{k_raw, k_tail + bh * T * D, k_table + bh * max_blocks, nb};
   PagedRows<T, D> vp{v_raw, v_tail + bh * T * D, v_table + bh * max_blocks, nb};
 
+  stamps::reset();
+  stamps::mark(0);
   attend::WarpState st;
   st.init();
 
@@ -179,6 +181,7 @@ gaac_bf16_decode_split(const u16* __restrict__ q,        // [B, Hkv*G, D]
 
   // Q after the first copies are in flight: its load latency overlaps theirs
   st.load_q(q + (static_cast<i64>(b) * hq_total + hq0) * D, lane);
+  stamps::mark(1);
 
   for (int it = 0; it < n_tiles; ++it) {
 #if LOADER == 1
@@ -211,11 +214,13 @@ gaac_bf16_decode_split(const u16* __restrict__ q,        // [B, Hkv*G, D]
       }
 #endif
     }
+    if (it == 0) stamps::mark(2);  // GAAC_STAMPS builds only: the first tile staged
     const int slot = it % S;
     st.rows(sk + slot * STAGE_ELEMS + wrow * ROW, sv + slot * STAGE_ELEMS + wrow * ROW, first + it * TILE + wrow, lo,
             hi, lane, scale_log2);
   }
   cp_async_wait<0>();
+  stamps::mark(3);
   __syncthreads();
   attend::finish(st, smem, attend::Output{part_o, part_lse, out, counters, static_cast<i64>(b) * hq_total + hq0, bh,
                                           split, splits});

@@ -1,6 +1,7 @@
 """Where one fused v4 call's time goes (lab only): the kernel built with GAAC_STAMPS=1 (kernels/cuda/include/gaac/
 stamps.cuh) prints, per CTA, %globaltimer and clock64 at its phase points; this script launches it after an L2 flush,
-reads the lines of each launch and reports the phases.
+reads the lines of each launch and reports the phases; then the same for its BF16 twin (decode_attention.cu, the
+same launch), whose points 1 (Q loaded, first copies issued; it builds no constants) to 6 mean the same.
 
     python lab/experiments/v4_stamps.py --out $OUT/stamps.json --cases gemma3:1:16384 qwen3-8b:1:65536 [--launches 5]
 
@@ -46,6 +47,18 @@ def plan(*a, **kw):
 
 
 F4.plan = plan
+from gaac_hf.kernels.cuda import attention as A  # noqa: E402  (the BF16 twin: the same stamps, points 0-6)
+
+orig_bf16 = A.plan
+
+
+def plan_bf16(*a, **kw):
+    p = orig_bf16(*a, **kw)
+    p["defines"].update(GAAC_STAMPS=1)
+    return p
+
+
+A.plan = plan_bf16
 
 
 def captured(fn) -> list[str]:
@@ -111,27 +124,26 @@ results = []
 buf = harness.flush_buffer(torch.device("cuda"))
 for shape, B, S in parse_cases(args.cases):
     case = Case(shape, B, S, torch.device("cuda"))
-    f = case.gaac()
-    captured(f)  # compile, warm
-    launches = []
-    for _ in range(args.launches):
-        buf.zero_()
-        torch.cuda.synchronize()
-        lines = captured(f)
-        launches.append(phases(lines))
-    spans = [x["span_us"] for x in launches]
-    med = launches[sorted(range(len(spans)), key=lambda i: spans[i])[len(spans) // 2]]
-    results.append(dict(shape=shape, batch=B, context=S, median_launch=med, spans_us=spans))
-    ph = med["phases_us"]
-    print(f"{shape} B={B} {S}: span {med['span_us']:.1f} us (launches {', '.join(f'{s:.1f}' for s in spans)}), "
-          f"entry skew {med['entry_skew_us']:.1f}, first tile staged at median "
-          f"{med['first_tile_staged_us']['median']:.1f}", flush=True)
-    print("   per-CTA phases, median / max us: " + "; ".join(
-        f"{k} {v['median']:.2f}/{v['max']:.2f}" for k, v in ph.items() if v), flush=True)
-    if "final_cta" in med:
-        fc = med["final_cta"]
-        print(f"   final CTA: entry +{fc['entry_after_first_us']:.1f}, chain "
-              + ", ".join(f"{k} {v:.2f}" for k, v in fc["chain_us"].items()) + f", end {fc['end_us']}", flush=True)
+    for kernel, f in (("gaac", case.gaac()), ("twin", case.cuda(case.twin_config()))):
+        captured(f)  # compile, warm
+        launches = []
+        for _ in range(args.launches):
+            buf.zero_()
+            torch.cuda.synchronize()
+            launches.append(phases(captured(f)))
+        spans = [x["span_us"] for x in launches]
+        med = launches[sorted(range(len(spans)), key=lambda i: spans[i])[len(spans) // 2]]
+        results.append(dict(shape=shape, batch=B, context=S, kernel=kernel, median_launch=med, spans_us=spans))
+        ph = med["phases_us"]
+        print(f"{shape} B={B} {S} {kernel}: span {med['span_us']:.1f} us (launches "
+              f"{', '.join(f'{s:.1f}' for s in spans)}), entry skew {med['entry_skew_us']:.1f}, first tile staged at "
+              f"median {med['first_tile_staged_us']['median']:.1f}", flush=True)
+        print("   per-CTA phases, median / max us: " + "; ".join(
+            f"{k} {v['median']:.2f}/{v['max']:.2f}" for k, v in ph.items() if v), flush=True)
+        if "final_cta" in med:
+            fc = med["final_cta"]
+            print(f"   final CTA: entry +{fc['entry_after_first_us']:.1f}, chain "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in fc["chain_us"].items()) + f", end {fc['end_us']}", flush=True)
     del case
     torch.cuda.empty_cache()
 commit = os.environ.get("GAAC_COMMIT") or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
