@@ -16,10 +16,10 @@ echo "memory done after $SECONDS s"
   --kv $R/.kvdump/smollm2_kv_v3.pt --out $OUT/codec_v3_$GPU.json 2>&1 | grep -E "^d=|wrote|rror")
 echo "codec done after $SECONDS s"
 }
-timeout 120 python3 lab/experiments/v4_define_ab.py --out $OUT/consts_d256_$GPU.json --cases gemma3:1:16384 \
-  gemma3:1:65536 gemma3:4:65536 --variants "" CONSTS_SERIAL=1 CONST_REGS=0 launch=4:3:1 launch=4:4:1 launch=8:2:1 2>&1 | grep -E "B=|wrote|rror"
+timeout 150 python3 lab/experiments/v4_define_ab.py --out $OUT/consts_d256_$GPU.json --cases gemma3:1:16384 \
+  gemma3:1:65536 gemma3:4:65536 --variants "" CONSTS_SERIAL=1 CONST_REGS=0 MERGE_PREFETCH=1 launch=4:3:1 launch=4:4:1 launch=8:2:1 2>&1 | grep -E "B=|wrote|rror"
 timeout 80 python3 lab/experiments/v4_define_ab.py --out $OUT/consts_d128_d64_$GPU.json --cases qwen3-8b:1:16384 \
-  qwen3-8b:1:65536 smollm2-135m:1:16384 smollm2-135m:1:32768 --variants "" CONSTS_SERIAL=1 2>&1 | grep -E "B=|wrote|rror"
+  qwen3-8b:1:65536 smollm2-135m:1:16384 smollm2-135m:1:32768 --variants "" CONSTS_SERIAL=1 MERGE_PREFETCH=1 2>&1 | grep -E "B=|wrote|rror"
 echo "ab done after $SECONDS s"
 timeout 90 python3 lab/experiments/v4_stamps.py --out $OUT/stamps_$GPU.json --cases gemma3:1:16384 gemma3:1:65536 \
   qwen3-8b:1:65536 smollm2-135m:1:16384 2>&1 | grep -vE "^\s*$|Warning|warn"
