@@ -79,30 +79,10 @@ static_assert(TB % 16 == 0, "tiles are 16-byte multiples");
 // lane's registers j with (K) j >> 1 == i, (V) j & 1 == i (a V register holds one channel of two tokens).
 // Every byte load is issued before the first use: a loop of one entry per thread per round waited out one
 // L2/DRAM latency per round (d = 256, 4 warps: 8 rounds; ncu call Y8: 10% of the kernel's stall samples at Gemma3
-// B=1 64K sat on those loads). CONSTS_SERIAL=1 keeps that loop, for one A/B.
-#ifndef CONSTS_SERIAL
-#define CONSTS_SERIAL 0
-#endif
+// B=1 64K sat on those loads; the change: Gemma3 B=1 16K 24.66 -> 23.06 us, 64K 41.71 -> 40.50 on the H100, d = 128 / 64
+// unchanged, lab/results/y12_session28/consts_h100.json).
 constexpr int N_CONST = 2 * KS * 32, CONST_ROUNDS = (N_CONST + THREADS - 1) / THREADS;
 __device__ __forceinline__ void build_consts(uint2* cst, const unsigned char* k16, const unsigned char* v16) {
-  if (CONSTS_SERIAL) {
-    for (int idx = threadIdx.x; idx < N_CONST; idx += blockDim.x) {
-      const int kind = idx / (KS * 32), s = (idx / 32) % KS, lane = idx % 32, g = lane >> 2, t = lane & 3;
-      u32 r[2];
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        if (kind == 0) {
-          const int c = 16 * s + 2 * t + 8 * i;
-          r[i] = gaac_v3::pair_const(k16[c], k16[c + 1]);
-        } else {
-          const int c = 16 * s + g + 8 * i;
-          r[i] = gaac_v3::pair_const(v16[c], v16[c]);
-        }
-      }
-      cst[idx] = make_uint2(r[0], r[1]);
-    }
-    return;
-  }
   u32 b[CONST_ROUNDS][2][2];  // [round][i][low / high byte of the pair]
 #pragma unroll
   for (int r = 0; r < CONST_ROUNDS; ++r) {

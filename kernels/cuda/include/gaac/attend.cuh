@@ -212,12 +212,6 @@ __device__ __forceinline__ void store_item(const Output& dst, int head, int d4, 
   }
 }
 
-// MERGE_PREFETCH (an A/B, session 28; 0 by default): each merging thread loads its first item's first 16 partials
-// before the split weights are computed, so those loads' L2 latency overlaps the weights' (same values, same
-// order of additions: the same bits).
-#ifndef MERGE_PREFETCH
-#define MERGE_PREFETCH 0
-#endif
 #ifndef MERGE_CHUNK
 #define MERGE_CHUNK 0
 #endif
@@ -251,15 +245,6 @@ __device__ __forceinline__ void merge_splits(const Output& dst, unsigned char* s
   const int splits = dst.splits;
   // weights of the splits per head in shared memory (the host sizes it for n = splits: merge_smem_bytes)
   float* wts = reinterpret_cast<float*>(smem);
-  constexpr int D4 = D / 4, PF = 16;
-  float4 pre[MERGE_PREFETCH ? PF : 1];
-  if (MERGE_PREFETCH && tid < G * D4) {
-    const float4* po = reinterpret_cast<const float4*>(dst.part_o + ((dst.row0 + tid / D4) * splits + first) * D) +
-                       tid % D4;
-#pragma unroll
-    for (int k = 0; k < (MERGE_PREFETCH ? PF : 1); ++k)
-      if (k < n) pre[k] = __ldcg(po + k * stride * D4);
-  }
   for (int i = tid; i < G * n; i += nthreads) {
     const int head = i / n, k = i % n;
     wts[i] = __ldcg(dst.part_lse + (dst.row0 + head) * splits + first + k * stride);
@@ -289,28 +274,14 @@ __device__ __forceinline__ void merge_splits(const Output& dst, unsigned char* s
   // one thread per (head, 4 channels) item: float4 loads of every split's partial, 16 in flight. Spreading an
   // item over several threads (partials added through shared memory, 8 in flight) was slower on the H100:
   // SmolLM2 B=1 16K 12.7 -> 14.7 us, Gemma3 B=1 16K 24.4 -> 27.1 (lab/results/x2_session24/).
+  constexpr int D4 = D / 4;
   for (int i = tid; i < G * D4; i += nthreads) {
     const int head = i / D4, d4 = i % D4;
     const float* w = wts + head * n;
     const float4* po = reinterpret_cast<const float4*>(dst.part_o + ((dst.row0 + head) * splits + first) * D) + d4;
     float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
-    int s0 = 0;
-    if (MERGE_PREFETCH && i == tid) {  // the prefetched partials first, in split order
-#pragma unroll
-      for (int k = 0; k < (MERGE_PREFETCH ? PF : 1); ++k) {
-        if (k < n) {
-          const float4 x = pre[k];
-          const float ww = w[k];
-          a0 += ww * x.x;
-          a1 += ww * x.y;
-          a2 += ww * x.z;
-          a3 += ww * x.w;
-        }
-      }
-      s0 = n < PF ? n : PF;
-    }
 #pragma unroll 16
-    for (int s2 = s0; s2 < n; ++s2) {
+    for (int s2 = 0; s2 < n; ++s2) {
       const float4 x = __ldcg(po + s2 * stride * D4);
       const float ww = w[s2];
       a0 += ww * x.x;
@@ -387,7 +358,8 @@ __device__ __forceinline__ void finish(const WarpState& st, unsigned char* smem,
   }
   stamps::mark(4);
   if (splits == 1) {
-    stamps::print(2);
+    stamps::save(2);
+    stamps::print_stream();
     return;
   }
 
@@ -404,26 +376,21 @@ __device__ __forceinline__ void finish(const WarpState& st, unsigned char* smem,
   if (tree) {
     const int chunk = split / MERGE_CHUNK, c0 = chunk * MERGE_CHUNK;
     const int cn = splits - c0 < MERGE_CHUNK ? splits - c0 : MERGE_CHUNK;
-    if (!arrive_last(base + 1 + chunk, cn)) {
-      stamps::print(0);
-      return;
-    }
+    stamps::save(0);
+    if (!arrive_last(base + 1 + chunk, cn)) return;
     merge_splits(dst, smem, c0, 1, cn, false, nthreads);
     stamps::mark(5);
-    if (!arrive_last(base, nch)) {
-      stamps::print(1);
-      return;
-    }
+    stamps::save(1);
+    if (!arrive_last(base, nch)) return;
     merge_splits(dst, smem, 0, MERGE_CHUNK, nch, true, nthreads);
   } else {
-    if (!arrive_last(base, splits)) {
-      stamps::print(0);
-      return;
-    }
+    stamps::save(0);
+    if (!arrive_last(base, splits)) return;
     merge_splits(dst, smem, 0, 1, splits, true, nthreads);
   }
   stamps::mark(6);
-  stamps::print(2);
+  stamps::save(2);
+  stamps::print_stream();
 }
 
 }  // namespace attend
