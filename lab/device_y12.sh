@@ -2,7 +2,7 @@
 # Session 28, call Y12 = call Y11 trimmed to the device time left (~600 s with the start): steps in priority order,
 # each skipped once $SECONDS passes its start limit. H200 only: issue 19's memory line, issue 14's codec file
 # (carry .kvdump). Any card: build_consts A/B + MERGE_PREFETCH with a bit check per row; GPU tests of the v4
-# kernel; stamps (gaac vs twin); Gemma3's rings and CONST_REGS=0. Usage: $0 <commit>. Predictions: notebook, "Call Y11".
+# kernel; stamps (gaac vs twin); Gemma3's rings and CONST_REGS=0. Usage: $0 <commit>. Predictions: notebook, "Call Y11" (its script never started and left).
 export PYTHONUNBUFFERED=1 GAAC_COMMIT="$1" GAAC_DIRTY=0 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -q H100 && echo h100 || echo h200)
 echo "gpu: $GPU"
