@@ -30,8 +30,10 @@ def cache_keyword(fn) -> str:
     if getattr(fn, "__name__", "") == "generate" and hasattr(fn, "__self__"):
         fn = fn.__self__
     fn = getattr(fn, "forward", fn)
-    key = getattr(fn, "__func__", fn)
-    if not isinstance(key, types.FunctionType):  # a wrapper (hooks, partial) may hold a model: not kept
+    # only a class's own function is remembered: a wrapper set on the instance (hooks, partials, the CUDA-graph
+    # forward of integrations/cuda_graphs.py) may hold a model and its buffers, which a module-level dict would keep
+    key = getattr(fn, "__func__", None)
+    if not isinstance(key, types.FunctionType):
         key = None
     elif key in _KEYWORDS:
         return _KEYWORDS[key]

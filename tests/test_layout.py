@@ -141,3 +141,10 @@ def test_cache_keyword_follows_the_forward_signature():
     assert cache_keyword(Old().generate) == "past_key_values" and cache_keyword(Model()) == "cache"
     assert cache_keyword(Old()) == "past_key_values"  # asked twice: the cached answer is per function
     assert cache_kwargs(Old().generate, 7) == {"past_key_values": 7}
+
+    import gaac_hf.models as M
+
+    m = Model()
+    m.forward = lambda input_ids, cache=None: None  # an instance-level wrapper (it may hold a model): not kept
+    before = len(M._KEYWORDS)
+    assert cache_keyword(m) == "cache" and len(M._KEYWORDS) == before
