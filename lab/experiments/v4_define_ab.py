@@ -19,6 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "eval"))
 import harness  # noqa: E402
 from bench_attention_v4 import Case, parse_cases  # noqa: E402
+from forced_defines import force_defines  # noqa: E402
 
 from gaac_hf.kernels.cuda import fused_attention_v4 as F4  # noqa: E402
 
@@ -29,17 +30,7 @@ ap.add_argument("--variants", nargs="+", required=True,
                 help='"" (the planner\'s defines) or NAME=V[,NAME=V][,launch=W:S:C]')
 args = ap.parse_args()
 
-orig = F4.plan
-forced = {}
-
-
-def plan(*a, **kw):
-    p = orig(*a, **kw)
-    p["defines"].update(forced)
-    return p
-
-
-F4.plan = plan
+forced = force_defines(F4, {})
 rows = []
 for shape, B, S in parse_cases(args.cases):
     case = Case(shape, B, S, torch.device("cuda"))

@@ -12,6 +12,7 @@ import torch
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "eval"))
 from bench_attention_v4 import Case  # noqa: E402
+from forced_defines import force_defines  # noqa: E402
 
 from gaac_hf.kernels.cuda import fused_attention_v4 as F4  # noqa: E402
 
@@ -24,16 +25,7 @@ if launch:
 
     w, s_, c = (int(x) for x in launch[0].split(":"))
     config = LaunchConfig(num_warps=w, num_stages=s_, ctas_per_sm=c)
-orig = F4.plan
-
-
-def plan(*a, **kw):
-    p = orig(*a, **kw)
-    p["defines"].update(forced)
-    return p
-
-
-F4.plan = plan
+force_defines(F4, forced)
 case = Case(shape, int(B), int(L), torch.device("cuda"))
 f = case.gaac(config)
 for _ in range(4):

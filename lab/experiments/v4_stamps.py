@@ -26,6 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "eval"))
 import harness  # noqa: E402
 from bench_attention_v4 import Case, parse_cases  # noqa: E402
+from forced_defines import force_defines  # noqa: E402
 
 from gaac_hf.kernels.cuda import fused_attention_v4 as F4  # noqa: E402
 
@@ -37,28 +38,10 @@ ap.add_argument("--define", nargs="*", default=[], help="more forced defines, NA
 args = ap.parse_args()
 
 forced = {"GAAC_STAMPS": 1} | {kv.split("=")[0]: int(kv.split("=")[1]) for kv in args.define}
-orig = F4.plan
-
-
-def plan(*a, **kw):
-    p = orig(*a, **kw)
-    p["defines"].update(forced)
-    return p
-
-
-F4.plan = plan
+force_defines(F4, forced)
 from gaac_hf.kernels.cuda import attention as A  # noqa: E402  (the BF16 twin: the same stamps, points 0-6)
 
-orig_bf16 = A.plan
-
-
-def plan_bf16(*a, **kw):
-    p = orig_bf16(*a, **kw)
-    p["defines"].update(GAAC_STAMPS=1)
-    return p
-
-
-A.plan = plan_bf16
+force_defines(A, {"GAAC_STAMPS": 1})
 
 
 def captured(fn) -> list[str]:
