@@ -1,26 +1,32 @@
 #!/bin/bash
 # Session 29, call Y14: steps in priority order, each skipped once $SECONDS passes its start limit. H200: issue 19's
 # memory line; the attention grid after build_consts (both layouts; issue 15's file); the v4 GPU tests; issue 14's
-# codec file (carry .kvdump); the buffered stamps. H100: the buffered stamps only (the grid and tests ran there).
+# codec file (carry .kvdump); the buffered stamps. Any card first: SPEC_TABLE (the first window's table entries read
+# before the lengths) on vs off, a bit check per row. H100: then the v4 GPU tests and the stamps.
 # Usage: $0 <commit>. Prediction: notebook, "Call Y14 prediction".
 export PYTHONUNBUFFERED=1 GAAC_COMMIT="$1" GAAC_DIRTY=0 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -q H100 && echo h100 || echo h200)
 echo "gpu: $GPU"
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "pip -e failed"
 STAMPS="python3 lab/experiments/v4_stamps.py --launches 3 --cases gemma3:1:16384 gemma3:1:4096 qwen3-8b:1:65536 smollm2-135m:1:16384"
+timeout 70 python3 lab/experiments/v4_define_ab.py --out $OUT/spec_table_$GPU.json --cases gemma3:1:16384 gemma3:1:4096 \
+  gemma3:1:65536 qwen3-8b:1:65536 smollm2-135m:1:16384 --variants "" SPEC_TABLE=0 2>&1 | grep -E "B=|wrote|rror"
+echo "ab done after $SECONDS s"
 if [ "$GPU" = h200 ]; then
   timeout 90 python3 eval/memory_report.py --gpu --contexts 32768 65536 --gpu-layers 12 --out $OUT/memory_h200.json 2>&1 \
     | grep -E "gaac_vs|wrote|rror" | sed 's/.stats.*gaac_vs/ gaac_vs/' | tail -6
   echo "memory done after $SECONDS s"
-  timeout 230 python3 eval/bench_attention_v4.py --layouts shuffled in_order --budget-s 180 \
+  timeout 140 python3 -m pytest -q -m gpu tests/test_v4_gpu.py -p no:cacheprovider > $OUT/pytest_gpu_v4_h200.txt 2>&1
+  tail -2 $OUT/pytest_gpu_v4_h200.txt; echo "tests done after $SECONDS s"
+  timeout 220 python3 eval/bench_attention_v4.py --layouts shuffled in_order --budget-s 170 \
     --out $OUT/attention_h200.json > $OUT/grid_h200.log 2>&1; tail -4 $OUT/grid_h200.log
   echo "grid done after $SECONDS s"
-  [ $SECONDS -lt 380 ] && { timeout 100 python3 -m pytest -q -m gpu tests/test_v4_gpu.py -p no:cacheprovider \
-    > $OUT/pytest_gpu_v4_h200.txt 2>&1; tail -2 $OUT/pytest_gpu_v4_h200.txt; echo "tests done after $SECONDS s"; }
-  [ $SECONDS -lt 480 ] && [ -f .kvdump/smollm2_kv_v3.pt ] && (R=$PWD; cd /tmp && timeout 50 \
+  [ $SECONDS -lt 510 ] && [ -f .kvdump/smollm2_kv_v3.pt ] && (R=$PWD; cd /tmp && timeout 50 \
     python3 $R/eval/bench_codec_v3.py --kv $R/.kvdump/smollm2_kv_v3.pt --out $OUT/codec_v3_h200.json 2>&1 | grep -E "^d=|wrote|rror")
-  [ $SECONDS -lt 530 ] && timeout 45 $STAMPS --out $OUT/stamps_buffered_h200.json 2>&1 | grep -vE "^\s*$|Warning|warn"
+  [ $SECONDS -lt 550 ] && timeout 45 $STAMPS --out $OUT/stamps_buffered_h200.json 2>&1 | grep -vE "^\s*$|Warning|warn"
 else
+  timeout 100 python3 -m pytest -q -m gpu tests/test_v4_gpu.py -p no:cacheprovider > $OUT/pytest_gpu_v4_h100.txt 2>&1
+  tail -2 $OUT/pytest_gpu_v4_h100.txt; echo "tests done after $SECONDS s"
   timeout 60 $STAMPS --out $OUT/stamps_buffered_h100.json 2>&1 | grep -vE "^\s*$|Warning|warn"
 fi
 echo "all done after $SECONDS s"

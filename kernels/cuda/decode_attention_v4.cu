@@ -222,16 +222,39 @@ struct Src {
   const unsigned char* comp;  // the compressed 16-token tile, or null
   const u16* bf16;            // the tile's BF16 rows (a BF16 block or the tail) when comp is null
 };
-__device__ __forceinline__ Src tile_src(const unsigned char* pool, const u16* tail, const i64* table, int nb, int tok0) {
+// hint_blk / hint: an entry of `table` read ahead (SpecEntries), used where the tile lands on that block
+__device__ __forceinline__ Src tile_src(const unsigned char* pool, const u16* tail, const i64* table, int nb, int tok0,
+                                       int hint_blk = -1, i64 hint = 0) {
   const int blk = tok0 / T, r0 = tok0 % T;
   if (blk < nb) {
-    const i64 e = __ldg(table + blk);
+    const i64 e = blk == hint_blk ? hint : __ldg(table + blk);
     const unsigned char* at = pool + (e & ~(ENTRY_ALIGN - 1));
     if (e & ENTRY_RAW) return {nullptr, reinterpret_cast<const u16*>(at) + r0 * D};
     return {at + (r0 / 16) * TB, nullptr};
   }
   return {nullptr, tail + r0 * D};
 }
+
+#ifndef SPEC_TABLE
+#define SPEC_TABLE 1
+#endif
+// The first window's table entries, read at the split's nominal start (split * tokens_per_split) before the sequence's
+// lengths are known: without them the first lookup waits on num_blocks / kv_start and then on the table, two
+// dependent DRAM trips before the first copy can be issued. A lane keeps the K and V entries of the block its first
+// tile would land on if the split starts where nominal (no left padding past it); fill uses them where the tile does
+// land there and reads the table as before where not (tail tiles read no entry at all). Any entry of the row
+// [0, max_blocks) may be read; only entries below num_blocks are used. SPEC_TABLE=0 builds the old lookup (A/B).
+struct SpecEntries {
+  int blk = -1;  // the block the entries belong to; -1: none read
+  i64 k = 0, v = 0;
+  __device__ __forceinline__ void read(const i64* kt, const i64* vt, int max_blocks, int tok0) {
+    if (SPEC_TABLE && tok0 / T < max_blocks) {
+      blk = tok0 / T;
+      k = __ldg(kt + blk);
+      v = __ldg(vt + blk);
+    }
+  }
+};
 
 // This warp's tile sources, a window of 32 tiles at a time: lane j looks up tile base + j once (one coalesced
 // table read per 32 tiles instead of a dependent global load per tile on the loop's path: 3-7% faster, call T1
@@ -245,14 +268,14 @@ struct Window {
   u32 kc, vc;                     // ballots: tiles of the window whose K / V are compressed
   __device__ __forceinline__ void fill(int base_, const unsigned char* kp, const unsigned char* vp, const u16* ktl,
                                        const u16* vtl, const i64* kt, const i64* vt, int nb, int first, int wrow,
-                                       int n_tiles, int lane) {
+                                       int n_tiles, int lane, const SpecEntries& sp = SpecEntries{}) {
     base = base_;
     const int idx = base + lane;
     Src ks{nullptr, ktl}, vs{nullptr, vtl};
     if (idx < n_tiles) {
       const int t = first + idx * TILE + wrow;
-      ks = tile_src(kp, ktl, kt, nb, t);
-      vs = tile_src(vp, vtl, vt, nb, t);
+      ks = tile_src(kp, ktl, kt, nb, t, sp.blk, sp.k);
+      vs = tile_src(vp, vtl, vt, nb, t, sp.blk, sp.v);
     }
     k_src = ks.comp ? static_cast<const void*>(ks.comp) : ks.bf16;
     v_src = vs.comp ? static_cast<const void*>(vs.comp) : vs.bf16;
@@ -369,11 +392,13 @@ gaac_v4_decode_split(const u16* __restrict__ q,                                 
   const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z, splits = gridDim.x;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int hq0 = h * GROUP, hq_total = hkv * GROUP;
-  const attend::SplitRange rg = attend::split_range(num_blocks, tail_len, kv_start, b, split, tokens_per_split, T, TILE);
-  const int nb = rg.nb, lo = rg.lo, hi = rg.hi, first = rg.first, n_tiles = rg.n_tiles;
   const i64 bh = static_cast<i64>(b) * hkv + h;
   const i64* kt = k_table + bh * max_blocks;
   const i64* vt = v_table + bh * max_blocks;
+  SpecEntries sp;  // issued before the lengths below: the two loads overlap (SpecEntries says why)
+  sp.read(kt, vt, max_blocks, split * tokens_per_split + lane * TILE + warp * 16);
+  const attend::SplitRange rg = attend::split_range(num_blocks, tail_len, kv_start, b, split, tokens_per_split, T, TILE);
+  const int nb = rg.nb, lo = rg.lo, hi = rg.hi, first = rg.first, n_tiles = rg.n_tiles;
   const u16* ktail = k_tail + bh * T * D;
   const u16* vtail = v_tail + bh * T * D;
 
@@ -391,7 +416,7 @@ gaac_v4_decode_split(const u16* __restrict__ q,                                 
   fence_proxy_async();
   __syncwarp();
   Window win;
-  win.fill(0, k_pool, v_pool, ktail, vtail, kt, vt, nb, first, wrow, n_tiles, lane);
+  win.fill(0, k_pool, v_pool, ktail, vtail, kt, vt, nb, first, wrow, n_tiles, lane, sp);
   u32 prev_kc = 0u, prev_vc = 0u;  // the previous window's kinds (the current tile lags the issued one by S - 1)
 #pragma unroll
   for (int s = 0; s < S - 1; ++s)
