@@ -9,8 +9,8 @@ GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -q H100
 echo "gpu: $GPU"
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "pip -e failed"
 STAMPS="python3 lab/experiments/v4_stamps.py --launches 3 --cases gemma3:1:16384 gemma3:1:4096 qwen3-8b:1:65536 smollm2-135m:1:16384"
-timeout 70 python3 lab/experiments/v4_define_ab.py --out $OUT/spec_table_$GPU.json --cases gemma3:1:16384 gemma3:1:4096 \
-  gemma3:1:65536 qwen3-8b:1:65536 smollm2-135m:1:16384 --variants "" SPEC_TABLE=0 2>&1 | grep -E "B=|wrote|rror"
+timeout 90 python3 lab/experiments/v4_define_ab.py --out $OUT/spec_table_$GPU.json --cases gemma3:1:16384 gemma3:1:4096 \
+  qwen3-8b:1:131072 qwen3-8b:1:65536 smollm2-135m:1:16384 --variants "" SPEC_TABLE=0 ISSUE_EARLY=1 2>&1 | grep -E "B=|wrote|rror"
 echo "ab done after $SECONDS s"
 if [ "$GPU" = h200 ]; then
   timeout 90 python3 eval/memory_report.py --gpu --contexts 32768 65536 --gpu-layers 12 --out $OUT/memory_h200.json 2>&1 \
