@@ -9,9 +9,16 @@ GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -q H100
 echo "gpu: $GPU"
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "pip -e failed"
 STAMPS="python3 lab/experiments/v4_stamps.py --launches 3 --cases gemma3:1:16384 gemma3:1:4096 qwen3-8b:1:65536 smollm2-135m:1:16384"
-timeout 90 python3 lab/experiments/v4_define_ab.py --out $OUT/spec_table_$GPU.json --cases gemma3:1:16384 gemma3:1:4096 \
-  qwen3-8b:1:131072 qwen3-8b:1:65536 smollm2-135m:1:16384 --variants "" SPEC_TABLE=0 ISSUE_EARLY=1 2>&1 | grep -E "B=|wrote|rror"
+timeout 120 python3 lab/experiments/v4_define_ab.py --out $OUT/spec_table_$GPU.json --cases gemma3:1:16384 gemma3:1:4096 \
+  qwen3-8b:1:131072 qwen3-8b:1:65536 smollm2-135m:1:16384 --variants "" SPEC_TABLE=0 ISSUE_EARLY=1 ARRIVE_RELEASE=1 2>&1 | grep -E "B=|wrote|rror"
 echo "ab done after $SECONDS s"
+# a lab define that won the A/B (lab/experiments/ab_verdict.py) becomes the default for everything after it in this
+# call: flipped in this working copy, recorded in flipped.txt and GAAC_DIRTY=1; committed afterwards (same source)
+for v in $(python3 lab/experiments/ab_verdict.py $OUT/spec_table_$GPU.json --only ISSUE_EARLY=1 ARRIVE_RELEASE=1 2>/dev/null); do
+  n=${v%=*}; sed -i "s/^#define $n 0 /#define $n 1 /" kernels/cuda/decode_attention_v4.cu kernels/cuda/include/gaac/attend.cuh
+  grep -h "^#define $n " kernels/cuda/decode_attention_v4.cu kernels/cuda/include/gaac/attend.cuh | tee -a $OUT/flipped.txt
+  export GAAC_DIRTY=1
+done
 if [ "$GPU" = h200 ]; then
   timeout 90 python3 eval/memory_report.py --gpu --contexts 32768 65536 --gpu-layers 12 --out $OUT/memory_h200.json 2>&1 \
     | grep -E "gaac_vs|wrote|rror" | sed 's/.stats.*gaac_vs/ gaac_vs/' | tail -6

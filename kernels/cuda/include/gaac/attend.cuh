@@ -219,8 +219,28 @@ __device__ __forceinline__ void store_item(const Output& dst, int head, int d4, 
 // threadFenceReduction arrival: every thread of the CTA calls it after its stores; true in the CTA
 // whose arrival brings *counter to `total` (that CTA resets it to zero for the next call and for
 // CUDA-graph replays, and sees every other CTA's stores).
+#ifndef ARRIVE_RELEASE
+#define ARRIVE_RELEASE 0  // lab A/B (call Y14): one acq_rel atomic in thread 0 instead of a fence.sc in every thread
+#endif
 __device__ __forceinline__ bool arrive_last(int* counter, int total) {
   __shared__ int is_last;
+#if ARRIVE_RELEASE
+  // The release/acquire pattern of CUTLASS's semaphore: the CTA barrier orders every thread's partial stores before
+  // thread 0's gpu-scope release (cumulative in the PTX memory model); its acquire and the barrier after it order
+  // the other CTAs' stores before every thread's later loads (L2 loads, __ldcg). The default build has each thread
+  // run __threadfence (MEMBAR.SC.GPU + CCTL.IVALL in SASS) on the way to the count, at both merge levels.
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int prev;
+    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(prev) : "l"(counter) : "memory");
+    is_last = prev == total - 1;
+    if (is_last) *counter = 0;
+  }
+  __syncthreads();
+  const bool last = is_last;
+  __syncthreads();  // is_last is reused by the next arrival
+  return last;
+#else
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -233,6 +253,7 @@ __device__ __forceinline__ bool arrive_last(int* counter, int total) {
   __syncthreads();  // is_last is reused by the next arrival
   if (last) __threadfence();
   return last;
+#endif
 }
 
 // Merge `n` split partials of this CTA's G heads: rows first, first + stride, ... of part_o / part_lse
