@@ -8,6 +8,11 @@ export PYTHONUNBUFFERED=1 GAAC_COMMIT="$1" GAAC_DIRTY=0 PYTORCH_CUDA_ALLOC_CONF=
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -q H100 && echo h100 || echo h200)
 echo "gpu: $GPU"
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "pip -e failed"
+[ "$GPU" = h200 ] && {
+  timeout 90 python3 eval/memory_report.py --gpu --contexts 32768 65536 --gpu-layers 12 --out $OUT/memory_h200.json 2>&1 \
+    | grep -E "gaac_vs|wrote|rror" | sed 's/.stats.*gaac_vs/ gaac_vs/' | tail -6
+  echo "memory done after $SECONDS s"
+}
 STAMPS="python3 lab/experiments/v4_stamps.py --launches 3 --cases gemma3:1:16384 gemma3:1:4096 qwen3-8b:1:65536 smollm2-135m:1:16384"
 timeout 120 python3 lab/experiments/v4_define_ab.py --out $OUT/spec_table_$GPU.json --cases gemma3:1:16384 gemma3:1:4096 \
   qwen3-8b:1:131072 qwen3-8b:1:65536 smollm2-135m:1:16384 --variants "" SPEC_TABLE=0 ISSUE_EARLY=1 ARRIVE_RELEASE=1 2>&1 | grep -E "B=|wrote|rror"
@@ -20,9 +25,6 @@ for v in $(python3 lab/experiments/ab_verdict.py $OUT/spec_table_$GPU.json --onl
   export GAAC_DIRTY=1
 done
 if [ "$GPU" = h200 ]; then
-  timeout 90 python3 eval/memory_report.py --gpu --contexts 32768 65536 --gpu-layers 12 --out $OUT/memory_h200.json 2>&1 \
-    | grep -E "gaac_vs|wrote|rror" | sed 's/.stats.*gaac_vs/ gaac_vs/' | tail -6
-  echo "memory done after $SECONDS s"
   timeout 140 python3 -m pytest -q -m gpu tests/test_v4_gpu.py -p no:cacheprovider > $OUT/pytest_gpu_v4_h200.txt 2>&1
   tail -2 $OUT/pytest_gpu_v4_h200.txt; echo "tests done after $SECONDS s"
   timeout 220 python3 eval/bench_attention_v4.py --layouts shuffled in_order --budget-s 170 \
@@ -32,7 +34,7 @@ if [ "$GPU" = h200 ]; then
     python3 $R/eval/bench_codec_v3.py --kv $R/.kvdump/smollm2_kv_v3.pt --out $OUT/codec_v3_h200.json 2>&1 | grep -E "^d=|wrote|rror")
   [ $SECONDS -lt 550 ] && timeout 45 $STAMPS --out $OUT/stamps_buffered_h200.json 2>&1 | grep -vE "^\s*$|Warning|warn"
 else
-  timeout 100 python3 -m pytest -q -m gpu tests/test_v4_gpu.py -p no:cacheprovider > $OUT/pytest_gpu_v4_h100.txt 2>&1
+  timeout 150 python3 -m pytest -q -m gpu tests/test_v4_gpu.py -p no:cacheprovider > $OUT/pytest_gpu_v4_h100.txt 2>&1
   tail -2 $OUT/pytest_gpu_v4_h100.txt; echo "tests done after $SECONDS s"
   timeout 60 $STAMPS --out $OUT/stamps_buffered_h100.json 2>&1 | grep -vE "^\s*$|Warning|warn"
 fi
