@@ -3,7 +3,10 @@
 # memory line; the attention grid after build_consts (both layouts; issue 15's file); the v4 GPU tests; issue 14's
 # codec file (carry .kvdump); the buffered stamps. Any card first: SPEC_TABLE (the first window's table entries read
 # before the lengths) on vs off, a bit check per row. H100: then the v4 GPU tests and the stamps.
-# Usage: $0 <commit>. Prediction: notebook, "Call Y14 prediction".
+# Usage: $0 <commit> [seconds this call may run, default 560: steps that would not fit are skipped].
+# Prediction: notebook, "Call Y14 prediction".
+LIMIT=${2:-560}
+left() { echo $((LIMIT - SECONDS)); }
 export PYTHONUNBUFFERED=1 GAAC_COMMIT="$1" GAAC_DIRTY=0 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -q H100 && echo h100 || echo h200)
 echo "gpu: $GPU"
@@ -14,25 +17,27 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 ||
   echo "memory done after $SECONDS s"
 }
 STAMPS="python3 lab/experiments/v4_stamps.py --launches 3 --cases gemma3:1:16384 gemma3:1:4096 qwen3-8b:1:65536 smollm2-135m:1:16384"
-timeout 120 python3 lab/experiments/v4_define_ab.py --out $OUT/spec_table_$GPU.json --cases gemma3:1:16384 gemma3:1:4096 \
+[ $(left) -gt 380 ] && timeout 120 python3 lab/experiments/v4_define_ab.py --out $OUT/spec_table_$GPU.json --cases gemma3:1:16384 gemma3:1:4096 \
   qwen3-8b:1:131072 qwen3-8b:1:65536 smollm2-135m:1:16384 --variants "" SPEC_TABLE=0 ISSUE_EARLY=1 ARRIVE_RELEASE=1 2>&1 | grep -E "B=|wrote|rror"
 echo "ab done after $SECONDS s"
 # a lab define that won the A/B (lab/experiments/ab_verdict.py) becomes the default for everything after it in this
 # call: flipped in this working copy, recorded in flipped.txt and GAAC_DIRTY=1; committed afterwards (same source)
-for v in $(python3 lab/experiments/ab_verdict.py $OUT/spec_table_$GPU.json --only ISSUE_EARLY=1 ARRIVE_RELEASE=1 2>/dev/null); do
+[ -f $OUT/spec_table_$GPU.json ] && for v in $(python3 lab/experiments/ab_verdict.py $OUT/spec_table_$GPU.json --only ISSUE_EARLY=1 ARRIVE_RELEASE=1 2>/dev/null); do
   n=${v%=*}; sed -i "s/^#define $n 0 /#define $n 1 /" kernels/cuda/decode_attention_v4.cu kernels/cuda/include/gaac/attend.cuh
   grep -h "^#define $n " kernels/cuda/decode_attention_v4.cu kernels/cuda/include/gaac/attend.cuh | tee -a $OUT/flipped.txt
   export GAAC_DIRTY=1
 done
 if [ "$GPU" = h200 ]; then
-  timeout 140 python3 -m pytest -q -m gpu tests/test_v4_gpu.py -p no:cacheprovider > $OUT/pytest_gpu_v4_h200.txt 2>&1
+  T=$(( $(left) - 130 )); [ $T -gt 140 ] && T=140
+  timeout $T python3 -m pytest -q -m gpu tests/test_v4_gpu.py -p no:cacheprovider > $OUT/pytest_gpu_v4_h200.txt 2>&1
   tail -2 $OUT/pytest_gpu_v4_h200.txt; echo "tests done after $SECONDS s"
-  timeout 220 python3 eval/bench_attention_v4.py --layouts shuffled in_order --budget-s 170 \
+  G=$(( $(left) - 60 )); [ $G -gt 170 ] && G=170
+  [ $G -gt 60 ] && timeout $((G + 50)) python3 eval/bench_attention_v4.py --layouts shuffled in_order --budget-s $G \
     --out $OUT/attention_h200.json > $OUT/grid_h200.log 2>&1; tail -4 $OUT/grid_h200.log
   echo "grid done after $SECONDS s"
-  [ $SECONDS -lt 510 ] && [ -f .kvdump/smollm2_kv_v3.pt ] && (R=$PWD; cd /tmp && timeout 50 \
+  [ $(left) -gt 50 ] && [ -f .kvdump/smollm2_kv_v3.pt ] && (R=$PWD; cd /tmp && timeout 50 \
     python3 $R/eval/bench_codec_v3.py --kv $R/.kvdump/smollm2_kv_v3.pt --out $OUT/codec_v3_h200.json 2>&1 | grep -E "^d=|wrote|rror")
-  [ $SECONDS -lt 550 ] && timeout 45 $STAMPS --out $OUT/stamps_buffered_h200.json 2>&1 | grep -vE "^\s*$|Warning|warn"
+  [ $(left) -gt 45 ] && timeout 45 $STAMPS --out $OUT/stamps_buffered_h200.json 2>&1 | grep -vE "^\s*$|Warning|warn"
 else
   timeout 150 python3 -m pytest -q -m gpu tests/test_v4_gpu.py -p no:cacheprovider > $OUT/pytest_gpu_v4_h100.txt 2>&1
   tail -2 $OUT/pytest_gpu_v4_h100.txt; echo "tests done after $SECONDS s"
