@@ -17,7 +17,8 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 ||
   echo "memory done after $SECONDS s"
 }
 STAMPS="python3 lab/experiments/v4_stamps.py --launches 3 --cases gemma3:1:16384 gemma3:1:4096 qwen3-8b:1:65536 smollm2-135m:1:16384"
-[ $(left) -gt 380 ] && timeout 120 python3 lab/experiments/v4_define_ab.py --out $OUT/spec_table_$GPU.json --cases gemma3:1:16384 gemma3:1:4096 \
+AB_MIN=380; [ "$GPU" = h100 ] && AB_MIN=200
+[ $(left) -gt $AB_MIN ] && timeout 120 python3 lab/experiments/v4_define_ab.py --out $OUT/spec_table_$GPU.json --cases gemma3:1:16384 gemma3:1:4096 \
   qwen3-8b:1:131072 qwen3-8b:1:65536 smollm2-135m:1:16384 --variants "" SPEC_TABLE=0 ISSUE_EARLY=1 ARRIVE_RELEASE=1 2>&1 | grep -E "B=|wrote|rror"
 echo "ab done after $SECONDS s"
 # a lab define that won the A/B (lab/experiments/ab_verdict.py) becomes the default for everything after it in this
@@ -39,7 +40,8 @@ if [ "$GPU" = h200 ]; then
     python3 $R/eval/bench_codec_v3.py --kv $R/.kvdump/smollm2_kv_v3.pt --out $OUT/codec_v3_h200.json 2>&1 | grep -E "^d=|wrote|rror")
   [ $(left) -gt 45 ] && timeout 45 $STAMPS --out $OUT/stamps_buffered_h200.json 2>&1 | grep -vE "^\s*$|Warning|warn"
 else
-  timeout 150 python3 -m pytest -q -m gpu tests/test_v4_gpu.py -p no:cacheprovider > $OUT/pytest_gpu_v4_h100.txt 2>&1
+  T=$(( $(left) - 50 )); [ $T -gt 150 ] && T=150
+  timeout $T python3 -m pytest -q -m gpu tests/test_v4_gpu.py -p no:cacheprovider > $OUT/pytest_gpu_v4_h100.txt 2>&1
   tail -2 $OUT/pytest_gpu_v4_h100.txt; echo "tests done after $SECONDS s"
   timeout 60 $STAMPS --out $OUT/stamps_buffered_h100.json 2>&1 | grep -vE "^\s*$|Warning|warn"
 fi
