@@ -17,7 +17,7 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 ||
   echo "memory done after $SECONDS s"
 }
 STAMPS="python3 lab/experiments/v4_stamps.py --launches 3 --cases gemma3:1:16384 gemma3:1:4096 qwen3-8b:1:65536 smollm2-135m:1:16384"
-AB_MIN=380; [ "$GPU" = h100 ] && AB_MIN=200
+AB_MIN=380; { [ "$GPU" = h100 ] || [ $LIMIT -lt 500 ]; } && AB_MIN=100  # short calls: the A/B before tests and grid
 [ $(left) -gt $AB_MIN ] && timeout 120 python3 lab/experiments/v4_define_ab.py --out $OUT/spec_table_$GPU.json --cases gemma3:1:16384 gemma3:1:4096 \
   qwen3-8b:1:131072 qwen3-8b:1:65536 smollm2-135m:1:16384 --variants "" SPEC_TABLE=0 ISSUE_EARLY=1 ARRIVE_RELEASE=1 2>&1 | grep -E "B=|wrote|rror"
 echo "ab done after $SECONDS s"
