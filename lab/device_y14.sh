@@ -30,7 +30,7 @@ echo "ab done after $SECONDS s"
 done
 if [ "$GPU" = h200 ]; then
   T=$(( $(left) - 130 )); [ $T -gt 140 ] && T=140
-  timeout $T python3 -m pytest -q -m gpu tests/test_v4_gpu.py -p no:cacheprovider > $OUT/pytest_gpu_v4_h200.txt 2>&1
+  [ $T -gt 20 ] && timeout $T python3 -m pytest -q -m gpu tests/test_v4_gpu.py -p no:cacheprovider > $OUT/pytest_gpu_v4_h200.txt 2>&1
   tail -2 $OUT/pytest_gpu_v4_h200.txt; echo "tests done after $SECONDS s"
   G=$(( $(left) - 60 )); [ $G -gt 170 ] && G=170
   [ $G -gt 60 ] && timeout $((G + 50)) python3 eval/bench_attention_v4.py --layouts shuffled in_order --budget-s $G \
@@ -41,7 +41,7 @@ if [ "$GPU" = h200 ]; then
   [ $(left) -gt 45 ] && timeout 45 $STAMPS --out $OUT/stamps_buffered_h200.json 2>&1 | grep -vE "^\s*$|Warning|warn"
 else
   T=$(( $(left) - 50 )); [ $T -gt 150 ] && T=150
-  timeout $T python3 -m pytest -q -m gpu tests/test_v4_gpu.py -p no:cacheprovider > $OUT/pytest_gpu_v4_h100.txt 2>&1
+  [ $T -gt 20 ] && timeout $T python3 -m pytest -q -m gpu tests/test_v4_gpu.py -p no:cacheprovider > $OUT/pytest_gpu_v4_h100.txt 2>&1
   tail -2 $OUT/pytest_gpu_v4_h100.txt; echo "tests done after $SECONDS s"
   timeout 60 $STAMPS --out $OUT/stamps_buffered_h100.json 2>&1 | grep -vE "^\s*$|Warning|warn"
 fi
