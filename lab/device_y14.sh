@@ -1,8 +1,8 @@
 #!/bin/bash
 # Session 29, call Y14: steps in priority order, each skipped once $SECONDS passes its start limit. H200: issue 19's
 # memory line; the attention grid after build_consts (both layouts; issue 15's file); the v4 GPU tests; issue 14's
-# codec file (carry .kvdump); the buffered stamps. Any card first: SPEC_TABLE (the first window's table entries read
-# before the lengths) on vs off, a bit check per row. H100: then the v4 GPU tests and the stamps.
+# codec file (carry .kvdump); the buffered stamps. Any card first: the lab defines SPEC_TABLE, ISSUE_EARLY and
+# ARRIVE_RELEASE each on vs the default (all 0), a bit check per row. H100: then the v4 GPU tests and the stamps.
 # Usage: $0 <commit> [seconds this call may run, default 560: steps that would not fit are skipped].
 # Prediction: notebook, "Call Y14 prediction".
 LIMIT=${2:-560}
@@ -19,11 +19,11 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 ||
 STAMPS="python3 lab/experiments/v4_stamps.py --launches 3 --cases gemma3:1:16384 gemma3:1:4096 qwen3-8b:1:65536 smollm2-135m:1:16384"
 AB_MIN=380; { [ "$GPU" = h100 ] || [ $LIMIT -lt 500 ]; } && AB_MIN=100  # short calls: the A/B before tests and grid
 [ $(left) -gt $AB_MIN ] && timeout 120 python3 lab/experiments/v4_define_ab.py --out $OUT/spec_table_$GPU.json --cases gemma3:1:16384 gemma3:1:4096 \
-  qwen3-8b:1:131072 qwen3-8b:1:65536 smollm2-135m:1:16384 --variants "" SPEC_TABLE=0 ISSUE_EARLY=1 ARRIVE_RELEASE=1 2>&1 | grep -E "B=|wrote|rror"
+  qwen3-8b:1:131072 qwen3-8b:1:65536 smollm2-135m:1:16384 --variants "" SPEC_TABLE=1 ISSUE_EARLY=1 ARRIVE_RELEASE=1 2>&1 | grep -E "B=|wrote|rror"
 echo "ab done after $SECONDS s"
 # a lab define that won the A/B (lab/experiments/ab_verdict.py) becomes the default for everything after it in this
 # call: flipped in this working copy, recorded in flipped.txt and GAAC_DIRTY=1; committed afterwards (same source)
-[ -f $OUT/spec_table_$GPU.json ] && for v in $(python3 lab/experiments/ab_verdict.py $OUT/spec_table_$GPU.json --only ISSUE_EARLY=1 ARRIVE_RELEASE=1 2>/dev/null); do
+[ -f $OUT/spec_table_$GPU.json ] && for v in $(python3 lab/experiments/ab_verdict.py $OUT/spec_table_$GPU.json --only SPEC_TABLE=1 ISSUE_EARLY=1 ARRIVE_RELEASE=1 2>/dev/null); do
   n=${v%=*}; sed -i "s/^#define $n 0 /#define $n 1 /" kernels/cuda/decode_attention_v4.cu kernels/cuda/include/gaac/attend.cuh
   grep -h "^#define $n " kernels/cuda/decode_attention_v4.cu kernels/cuda/include/gaac/attend.cuh | tee -a $OUT/flipped.txt
   export GAAC_DIRTY=1
