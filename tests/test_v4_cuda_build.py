@@ -89,18 +89,19 @@ def test_sixteen_warps_per_sm_fit_128_registers(tmp_path, warps, ctas):
         assert runtime.resource_problems(_build(tmp_path, defines), 128) == [], (d, warps, ctas)
 
 
-@pytest.mark.parametrize("lab", ["SPEC_TABLE", "ISSUE_EARLY", "ARRIVE_RELEASE"])
-def test_lab_defines_build_without_spills_and_change_the_kernel(tmp_path, lab):
-    """The lab defines a device call A/Bs (lab/device_y14.sh) build at the planned d = 128 and d = 256 launches
-    within their register caps, and each changes the cubin (a define that compiled to nothing would A/B noise)."""
+@pytest.mark.parametrize("name", ["SPEC_TABLE", "ISSUE_EARLY", "ARRIVE_RELEASE"])
+def test_lab_defines_build_without_spills_and_change_the_kernel(tmp_path, name):
+    """The off-by-default kernel defines that GPU calls A/B (not yet timed) build at the planned d = 128 and d = 256
+    launches within their register caps, and each changes the cubin (a define that compiled to nothing would A/B
+    noise)."""
     for d, w in ((128, 8), (256, 4)):
         defines = dict(HEAD_DIM=d, QUERY_GROUP=4, PAGE=64, WARPS=w, STAGES=2, MIN_CTAS_PER_SM=1, CONST_REGS=1,
                        MERGE_CHUNK=16)
         cubins = []
         for value in (0, 1):
-            assert runtime.resource_problems(_build(tmp_path, dict(defines, **{lab: value})), _cap(defines)) == []
+            assert runtime.resource_problems(_build(tmp_path, dict(defines, **{name: value})), _cap(defines)) == []
             cubins.append((tmp_path / "k.cubin").read_bytes())
-        assert cubins[0] != cubins[1], (lab, d)
+        assert cubins[0] != cubins[1], (name, d)
 
 
 def test_planted_spill_is_caught(tmp_path):
