@@ -35,6 +35,8 @@ ap.add_argument("--out", required=True)
 ap.add_argument("--cases", nargs="+", required=True)
 ap.add_argument("--launches", type=int, default=5)
 ap.add_argument("--define", nargs="*", default=[], help="more forced defines, NAME=V")
+ap.add_argument("--per-cta", action="store_true",
+                help="also list every CTA's phases with the BF16-stored K / V blocks of its split (which splits are slow)")
 args = ap.parse_args()
 
 forced = {"GAAC_STAMPS": 1} | {kv.split("=")[0]: int(kv.split("=")[1]) for kv in args.define}
@@ -100,6 +102,28 @@ def phases(lines: list[str]) -> dict:
     out["last_partial_written_us"] = (last_partial - t0) / 1e3
     out["last_loop_done_us"] = (max(r["ns"][3] for r in rows if r["ns"][3]) - t0) / 1e3
     out["first_tile_staged_us"] = summary([(r["ns"][2] - t0) / 1e3 for r in rows if r["ns"][2]])
+    if args.per_cta:
+        out["per_cta"] = [dict(cta=r["cta"], code=r["last"], entry_us=(r["ns"][0] - t0) / 1e3,
+                               **{k: (span(r, a, b) or 0) / 1e3 for k, (a, b) in names.items() if b < 5})
+                          for r in rows]
+    return out
+
+
+def split_kinds(case, S: int) -> list[tuple[int, int]] | None:
+    """Per split of sequence 0, kv head 0: (K blocks stored BF16, V blocks stored BF16) among the blocks it covers."""
+    if not case.v4:
+        return None
+    kv, T = case.kv, 64
+    maxb = kv.k.table.shape[2]
+    p = F4.plan(case.B, case.hkv, case.hq // case.hkv, T, case.d, min(int(kv.active_blocks or maxb), maxb) * T + T,
+                torch.device("cuda"), F4.LaunchConfig())
+    tps, nb = p["tokens_per_split"], S // T
+    kraw = (kv.k.table[0, 0, :nb] & 1).tolist()
+    vraw = (kv.v.table[0, 0, :nb] & 1).tolist()
+    out = []
+    for x in range(p["splits"]):
+        blks = range(x * tps // T, min(nb, -(-(x + 1) * tps // T)))
+        out.append((sum(kraw[i] for i in blks), sum(vraw[i] for i in blks)))
     return out
 
 
@@ -123,6 +147,20 @@ for shape, B, S in parse_cases(args.cases):
               f"median {med['first_tile_staged_us']['median']:.1f}", flush=True)
         print("   per-CTA phases, median / max us: " + "; ".join(
             f"{k} {v['median']:.2f}/{v['max']:.2f}" for k, v in ph.items() if v), flush=True)
+        if args.per_cta and kernel == "gaac":
+            kinds = split_kinds(case, S)
+            rows_ = [c for c in med["per_cta"] if c["cta"][1] == 0 and c["cta"][2] == 0]
+            for c in rows_:
+                c["bf16_blocks_kv"] = kinds[c["cta"][0]] if kinds and c["cta"][0] < len(kinds) else None
+            mixed = [c["tile_loop"] for c in rows_ if c["bf16_blocks_kv"] and sum(c["bf16_blocks_kv"])]
+            plain = [c["tile_loop"] for c in rows_ if c["bf16_blocks_kv"] and not sum(c["bf16_blocks_kv"])]
+            print(f"   tile_loop (warp 0) of splits with a BF16 block: n={len(mixed)} median "
+                  f"{statistics.median(mixed) if mixed else float('nan'):.2f}; without: n={len(plain)} median "
+                  f"{statistics.median(plain) if plain else float('nan'):.2f}", flush=True)
+            for c in sorted(rows_, key=lambda c: -c["tile_loop"])[:6]:
+                print(f"   slow split {c['cta'][0]}: tile_loop {c['tile_loop']:.2f} prologue {c['prologue']:.2f} "
+                      f"first_tile_wait {c['first_tile_wait']:.2f} partial_write {c['partial_write']:.2f} "
+                      f"bf16 K/V blocks {c['bf16_blocks_kv']}", flush=True)
         if "final_cta" in med:
             fc = med["final_cta"]
             print(f"   final CTA: entry +{fc['entry_after_first_us']:.1f}, chain "

@@ -220,15 +220,16 @@ __device__ __forceinline__ void store_item(const Output& dst, int head, int d4, 
 // whose arrival brings *counter to `total` (that CTA resets it to zero for the next call and for
 // CUDA-graph replays, and sees every other CTA's stores).
 #ifndef ARRIVE_RELEASE
-#define ARRIVE_RELEASE 0  // lab A/B (call Y14): one acq_rel atomic in thread 0 instead of a fence.sc in every thread
+#define ARRIVE_RELEASE 1  // on since call Y14 (H100 A/B, lab/results/arrive_release_h100.json); 0 = the fences before
 #endif
 __device__ __forceinline__ bool arrive_last(int* counter, int total) {
   __shared__ int is_last;
 #if ARRIVE_RELEASE
   // The release/acquire pattern of CUTLASS's semaphore: the CTA barrier orders every thread's partial stores before
   // thread 0's gpu-scope release (cumulative in the PTX memory model); its acquire and the barrier after it order
-  // the other CTAs' stores before every thread's later loads (L2 loads, __ldcg). The default build has each thread
-  // run __threadfence (MEMBAR.SC.GPU + CCTL.IVALL in SASS) on the way to the count, at both merge levels.
+  // the other CTAs' stores before every thread's later loads (L2 loads, __ldcg). ARRIVE_RELEASE=0 (the build before
+  // call Y14, kept for A/Bs) has each thread run __threadfence (MEMBAR.SC.GPU + CCTL.IVALL in SASS) on the way to the
+  // count, at both merge levels: 0.7-6% slower per call on the H100 (B=1 rows, the largest on the shortest calls).
   __syncthreads();
   if (threadIdx.x == 0) {
     int prev;
