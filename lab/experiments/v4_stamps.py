@@ -5,7 +5,8 @@ same launch), whose points 1 (Q loaded, first copies issued; it builds no consta
 
     python lab/experiments/v4_stamps.py --out $OUT/stamps.json --cases gemma3:1:16384 qwen3-8b:1:65536 [--launches 5]
 
-Points (thread 0 of each CTA): 0 entry, 1 prologue done (barriers, first copies issued, Q, constants, barrier),
+Points (thread 0 of each CTA): 0 entry, 1 prologue done (barriers, first copies issued, Q, constants, barrier), 7 the
+final arrival won (the last CTA only; 5 or 4 -> 7 is its arrival, 7 -> 6 the final merge itself),
 2 first tile staged, 3 tile loop done, 4 the CTA's partial written, 5 its chunk merged (two-level merges only),
 6 the final merge done (the last CTA only). Phases are clock64 cycles of the CTA's own SM, converted to ns with the
 clock rate the launch itself shows (globaltimer ns / clock cycles over all CTAs); the call's span is globaltimer:
@@ -97,6 +98,10 @@ def phases(lines: list[str]) -> dict:
         # the final merge after a one-level arrival: from point 4
         if not r["clk"][5] and r["clk"][6]:
             out["final_cta"]["chain_us"]["final_merge"] = (r["clk"][6] - r["clk"][4]) * ns_per_clk / 1e3
+        if r["clk"][7] and r["clk"][6]:  # point 7: the final arrival won (builds after call Y14)
+            out["final_cta"]["final_split_us"] = dict(
+                arrival=(r["clk"][7] - (r["clk"][5] or r["clk"][4])) * ns_per_clk / 1e3,
+                merge=(r["clk"][6] - r["clk"][7]) * ns_per_clk / 1e3)
         out["final_cta"]["end_us"] = (r["ns"][6] - t0) / 1e3 if r["ns"][6] else None
     last_partial = max(r["ns"][4] for r in rows if r["ns"][4])
     out["last_partial_written_us"] = (last_partial - t0) / 1e3
@@ -165,6 +170,9 @@ for shape, B, S in parse_cases(args.cases):
             fc = med["final_cta"]
             print(f"   final CTA: entry +{fc['entry_after_first_us']:.1f}, chain "
                   + ", ".join(f"{k} {v:.2f}" for k, v in fc["chain_us"].items()) + f", end {fc['end_us']}", flush=True)
+            if "final_split_us" in fc:
+                print(f"   final merge = arrival {fc['final_split_us']['arrival']:.2f} + merge "
+                      f"{fc['final_split_us']['merge']:.2f} us", flush=True)
     del case
     torch.cuda.empty_cache()
 commit = os.environ.get("GAAC_COMMIT") or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,

@@ -404,10 +404,12 @@ __device__ __forceinline__ void finish(const WarpState& st, unsigned char* smem,
     stamps::mark(5);
     stamps::save(1);
     if (!arrive_last(base, nch)) return;
+    stamps::mark(7);  // GAAC_STAMPS builds only: the final arrival won (its atomic's round trip is behind it)
     merge_splits(dst, smem, 0, MERGE_CHUNK, nch, true, nthreads);
   } else {
     stamps::save(0);
     if (!arrive_last(base, splits)) return;
+    stamps::mark(7);
     merge_splits(dst, smem, 0, 1, splits, true, nthreads);
   }
   stamps::mark(6);
