@@ -15,7 +15,7 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 ||
   echo "memory done after $SECONDS s"
 }
 timeout 100 python3 lab/experiments/v4_stamps.py --per-cta --launches 3 --cases gemma3:1:4096 gemma3:1:16384 \
-  smollm2-135m:1:16384 --out $OUT/stamps_per_cta_$GPU.json 2>&1 | grep -vE "^\s*$|Warning|warn"
+  smollm2-135m:1:16384 qwen3-8b:1:65536 --out $OUT/stamps_per_cta_$GPU.json 2>&1 | grep -vE "^\s*$|Warning|warn"
 echo "stamps done after $SECONDS s"
 if [ "$GPU" = h200 ]; then
   G=$(( $(left) - 200 )); [ $G -gt 170 ] && G=170
