@@ -17,9 +17,9 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 ||
 timeout 100 python3 lab/experiments/v4_stamps.py --per-cta --launches 3 --cases gemma3:1:4096 gemma3:1:16384 \
   smollm2-135m:1:16384 qwen3-8b:1:65536 --out $OUT/stamps_per_cta_$GPU.json 2>&1 | grep -vE "^\s*$|Warning|warn"
 echo "stamps done after $SECONDS s"
-timeout 120 python3 lab/experiments/v4_define_ab.py --out $OUT/merge_pair_$GPU.json --cases gemma3:1:4096 gemma3:1:16384 \
-  gemma3:1:65536 gemma3:4:16384 qwen3-8b:1:65536 smollm2-135m:1:16384 --variants "" MERGE_PAIR=1 SPEC_TABLE=1 \
-  "MERGE_PAIR=1,SPEC_TABLE=1" 2>&1 | grep -E "B=|wrote|rror"
+timeout 120 python3 lab/experiments/v4_define_ab.py --out $OUT/merge_batch_$GPU.json --cases gemma3:1:4096 gemma3:1:16384 \
+  gemma3:1:65536 gemma3:4:16384 qwen3-8b:1:65536 smollm2-135m:1:16384 --variants "" MERGE_BATCH=1 SPEC_TABLE=1 \
+  "MERGE_BATCH=1,SPEC_TABLE=1" 2>&1 | grep -E "B=|wrote|rror"
 echo "ab done after $SECONDS s"
 if [ "$GPU" = h200 ]; then
   G=$(( $(left) - 200 )); [ $G -gt 170 ] && G=170

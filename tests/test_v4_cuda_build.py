@@ -89,7 +89,7 @@ def test_sixteen_warps_per_sm_fit_128_registers(tmp_path, warps, ctas):
         assert runtime.resource_problems(_build(tmp_path, defines), 128) == [], (d, warps, ctas)
 
 
-@pytest.mark.parametrize("name", ["SPEC_TABLE", "ISSUE_EARLY", "ARRIVE_RELEASE", "MERGE_PAIR"])
+@pytest.mark.parametrize("name", ["SPEC_TABLE", "ISSUE_EARLY", "ARRIVE_RELEASE", "MERGE_BATCH"])
 def test_lab_defines_build_without_spills_and_change_the_kernel(tmp_path, name):
     """The kernel defines that GPU calls A/B (ARRIVE_RELEASE on by default since call Y14, the others off) build at
     the planned d = 128 and d = 256 launches within their register caps both ways, and each changes the cubin (a

@@ -215,8 +215,8 @@ __device__ __forceinline__ void store_item(const Output& dst, int head, int d4, 
 #ifndef MERGE_CHUNK
 #define MERGE_CHUNK 0
 #endif
-#ifndef MERGE_PAIR
-#define MERGE_PAIR 0  // lab A/B (call Y15): a merging thread's two items loaded together (merge_splits says why)
+#ifndef MERGE_BATCH
+#define MERGE_BATCH 0  // lab A/B (call Y15): a merge's loads in predicated batches of 16 (merge_splits says why)
 #endif
 
 // threadFenceReduction arrival: every thread of the CTA calls it after its stores; true in the CTA
@@ -300,35 +300,34 @@ __device__ __forceinline__ void merge_splits(const Output& dst, unsigned char* s
   // item over several threads (partials added through shared memory, 8 in flight) was slower on the H100:
   // SmolLM2 B=1 16K 12.7 -> 14.7 us, Gemma3 B=1 16K 24.4 -> 27.1 (lab/results/x2_session24/).
   constexpr int D4 = D / 4;
-#if MERGE_PAIR
-  // two items per pass, both items' loads before either store: where a thread has two items (G * D / 4 > threads:
-  // d = 256) their L2 round trips overlap instead of queueing behind the first item's store (the compiler may not
-  // hoist loads of part_o above a store that could alias them). Same per-item arithmetic, same order: same bits.
-  for (int i = tid; i < G * D4; i += 2 * nthreads) {
-    const int j = i + nthreads;
-    const bool two = j < G * D4;
-    const int head = i / D4, d4 = i % D4, head1 = two ? j / D4 : head, d41 = two ? j % D4 : d4;
+#if MERGE_BATCH
+  // every split's partial in batches of 16 predicated loads: with `#pragma unroll 16` over a run-time n the compiler
+  // batches whole groups of 16 and runs the remainder (n % 16, all of n < 16) as a loop of one load and its FMAs,
+  // one L2 round trip each (SASS: the remainder's LDG.E.128.STRONG.GPU all land in one register). Gemma3 B=1's
+  // final merge (9 chunks, two items per thread at d = 256) was 18 trips in a row. Accumulation order is unchanged
+  // (the FMAs of splits past n are skipped, not fed zeros): same bits.
+  for (int i = tid; i < G * D4; i += nthreads) {
+    const int head = i / D4, d4 = i % D4;
     const float* w = wts + head * n;
-    const float* w1 = wts + head1 * n;
     const float4* po = reinterpret_cast<const float4*>(dst.part_o + ((dst.row0 + head) * splits + first) * D) + d4;
-    const float4* po1 = reinterpret_cast<const float4*>(dst.part_o + ((dst.row0 + head1) * splits + first) * D) + d41;
-    float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f, b0 = 0.f, b1 = 0.f, b2 = 0.f, b3 = 0.f;
-#pragma unroll 8
-    for (int s2 = 0; s2 < n; ++s2) {
-      const float4 x = __ldcg(po + s2 * stride * D4);
-      const float4 y = two ? __ldcg(po1 + s2 * stride * D4) : make_float4(0.f, 0.f, 0.f, 0.f);
-      const float ww = w[s2], w2 = w1[s2];
-      a0 += ww * x.x;
-      a1 += ww * x.y;
-      a2 += ww * x.z;
-      a3 += ww * x.w;
-      b0 += w2 * y.x;
-      b1 += w2 * y.y;
-      b2 += w2 * y.z;
-      b3 += w2 * y.w;
+    float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
+    for (int s0 = 0; s0 < n; s0 += 16) {
+      float4 x[16];
+#pragma unroll
+      for (int u = 0; u < 16; ++u)  // past n: split n - 1 again (unpredicated loads stay batched), never used
+        x[u] = __ldcg(po + min(s0 + u, n - 1) * stride * D4);
+#pragma unroll
+      for (int u = 0; u < 16; ++u) {
+        if (s0 + u < n) {
+          const float ww = w[s0 + u];
+          a0 += ww * x[u].x;
+          a1 += ww * x[u].y;
+          a2 += ww * x[u].z;
+          a3 += ww * x[u].w;
+        }
+      }
     }
     store_item(dst, head, d4, first, final, make_float4(a0, a1, a2, a3));
-    if (two) store_item(dst, head1, d41, first, final, make_float4(b0, b1, b2, b3));
   }
 #else
   for (int i = tid; i < G * D4; i += nthreads) {
