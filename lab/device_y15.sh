@@ -15,9 +15,6 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 ||
     | grep -E "gaac_vs|wrote|rror" | sed 's/.stats.*gaac_vs/ gaac_vs/' | tail -6
   echo "memory done after $SECONDS s"
 }
-timeout 100 python3 lab/experiments/v4_stamps.py --per-cta --launches 3 --cases gemma3:1:4096 gemma3:1:16384 \
-  smollm2-135m:1:16384 qwen3-8b:1:65536 --out $OUT/stamps_per_cta_$GPU.json 2>&1 | grep -vE "^\s*$|Warning|warn"
-echo "stamps done after $SECONDS s"
 timeout 130 python3 lab/experiments/v4_define_ab.py --out $OUT/merge_batch_$GPU.json --cases gemma3:1:4096 gemma3:1:16384 \
   gemma3:1:65536 gemma3:4:16384 qwen3-8b:1:65536 smollm2-135m:1:16384 smollm2-135m:1:32768 --variants "" MERGE_BATCH=1 \
   SPEC_TABLE=1 "MERGE_BATCH=1,SPEC_TABLE=1" 2>&1 | grep -E "B=|wrote|rror"
@@ -27,7 +24,10 @@ echo "ab done after $SECONDS s"
   grep -h "^#define $n " kernels/cuda/decode_attention_v4.cu kernels/cuda/include/gaac/attend.cuh | tee -a $OUT/flipped.txt
   export GAAC_DIRTY=1
 done
-T=$(( $(left) - 130 )); [ $T -gt 170 ] && T=170
+[ $(left) -gt 200 ] && timeout 60 python3 lab/experiments/v4_stamps.py --per-cta --launches 3 --cases gemma3:1:4096 gemma3:1:16384 \
+  smollm2-135m:1:16384 --out $OUT/stamps_per_cta_$GPU.json 2>&1 | grep -vE "^\s*$|Warning|warn"
+echo "stamps done after $SECONDS s"
+T=$(( $(left) - 140 )); [ $T -gt 150 ] && T=150
 [ $T -gt 30 ] && timeout $T python3 -m pytest -q -m gpu tests/test_v4_gpu.py tests/test_cuda_attention.py -p no:cacheprovider \
   > $OUT/pytest_gpu_$GPU.txt 2>&1; tail -2 $OUT/pytest_gpu_$GPU.txt; echo "tests done after $SECONDS s"
 [ $(left) -gt 100 ] && timeout 80 python3 eval/bench_attention_v4.py --layouts shuffled in_order --budget-s 60 \
