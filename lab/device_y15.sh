@@ -24,10 +24,10 @@ echo "ab done after $SECONDS s"
   grep -h "^#define $n " kernels/cuda/decode_attention_v4.cu kernels/cuda/include/gaac/attend.cuh | tee -a $OUT/flipped.txt
   export GAAC_DIRTY=1
 done
-[ $(left) -gt 200 ] && timeout 60 python3 lab/experiments/v4_stamps.py --per-cta --launches 3 --cases gemma3:1:4096 gemma3:1:16384 \
+[ $LIMIT -ge 400 ] && [ $(left) -gt 200 ] && timeout 60 python3 lab/experiments/v4_stamps.py --per-cta --launches 3 --cases gemma3:1:4096 gemma3:1:16384 \
   smollm2-135m:1:16384 --out $OUT/stamps_per_cta_$GPU.json 2>&1 | grep -vE "^\s*$|Warning|warn"
 echo "stamps done after $SECONDS s"
-T=$(( $(left) - 140 )); [ $T -gt 150 ] && T=150
+T=$(( $(left) - 140 )); [ $T -gt 150 ] && T=150; [ $LIMIT -lt 400 ] && T=$(( $(left) - 120 ))
 [ $T -gt 30 ] && timeout $T python3 -m pytest -q -m gpu tests/test_v4_gpu.py tests/test_cuda_attention.py -p no:cacheprovider \
   > $OUT/pytest_gpu_$GPU.txt 2>&1; tail -2 $OUT/pytest_gpu_$GPU.txt; echo "tests done after $SECONDS s"
 [ $(left) -gt 100 ] && timeout 80 python3 eval/bench_attention_v4.py --layouts shuffled in_order --budget-s 60 \
