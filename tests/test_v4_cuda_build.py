@@ -174,6 +174,42 @@ def test_warp_tile_instruction_budget(tmp_path, d, raw):
     assert row["registers"] <= (128 if d <= 128 else 255), row  # d = 256 runs 4 warps x 1 CTA per SM
 
 
+def _merge_load_runs(sass: str) -> list[int]:
+    """Lengths of the runs of the split merge's partial loads (``LDG.E.128.STRONG.GPU``, the merge's ``__ldcg``
+    float4 loads: nothing else in the kernel issues them) with no FFMA between two loads of a run."""
+    runs, cur = [], 0
+    for line in sass.splitlines():
+        if "LDG.E.128.STRONG.GPU" in line:
+            cur += 1
+        elif "FFMA" in line and cur:
+            runs.append(cur)
+            cur = 0
+    return runs + ([cur] if cur else [])
+
+
+@pytest.mark.parametrize("d,warps,ctas", [(256, 4, 1), (64, 8, 2)])
+def test_merge_batch_issues_the_partials_loads_in_runs_of_16(tmp_path, d, warps, ctas):
+    """MERGE_BATCH=1 (attend.cuh merge_splits): every partial load of the split merge sits in a run of 16 issued
+    before their FMAs (one L2 round trip per 16 splits). The build without it must fail the same check: its
+    `#pragma unroll 16` remainder issues one load per FMA group (one round trip per split), which is what it fixes."""
+    sys.path.insert(0, str(REPO / "eval"))
+    from sass_decoder import tool
+
+    defines = dict(HEAD_DIM=d, QUERY_GROUP=4, PAGE=64, WARPS=warps, STAGES=2, MIN_CTAS_PER_SM=ctas,
+                   CONST_REGS=int(F4.const_regs_fit(d, warps, ctas)), MERGE_CHUNK=16)
+    runs = {}
+    for value in (0, 1):
+        assert runtime.resource_problems(_build(tmp_path, dict(defines, MERGE_BATCH=value)), _cap(defines)) == []
+        try:
+            sass = subprocess.run([tool("cuobjdump"), "-sass", str(tmp_path / "k.cubin")], capture_output=True,
+                                  text=True, check=True).stdout
+        except FileNotFoundError as e:
+            pytest.skip(f"cuobjdump not found: {e}")
+        runs[value] = _merge_load_runs(sass)
+    assert runs[1] and all(r >= 16 for r in runs[1]), runs[1]
+    assert any(r < 16 for r in runs[0]), runs[0]
+
+
 def test_nvrtc_path_when_cuda_core_is_installed(tmp_path, monkeypatch):
     pytest.importorskip("cuda.core")
     monkeypatch.setenv("GAAC_CUDA_CACHE", str(tmp_path))
