@@ -301,11 +301,12 @@ __device__ __forceinline__ void merge_splits(const Output& dst, unsigned char* s
   // SmolLM2 B=1 16K 12.7 -> 14.7 us, Gemma3 B=1 16K 24.4 -> 27.1 (lab/results/x2_session24/).
   constexpr int D4 = D / 4;
 #if MERGE_BATCH
-  // every split's partial in batches of 16 predicated loads: with `#pragma unroll 16` over a run-time n the compiler
-  // batches whole groups of 16 and runs the remainder (n % 16, all of n < 16) as a loop of one load and its FMAs,
-  // one L2 round trip each (SASS: the remainder's LDG.E.128.STRONG.GPU all land in one register). Gemma3 B=1's
-  // final merge (9 chunks, two items per thread at d = 256) was 18 trips in a row. Accumulation order is unchanged
-  // (the FMAs of splits past n are skipped, not fed zeros): same bits.
+  // every split's partial in batches of 16 loads issued together. With `#pragma unroll 16` over a run-time n (the
+  // build below) the compiler batches whole groups of 16 and runs the remainder (n % 16, all of n < 16) as a loop of
+  // one load and its FMAs, one L2 round trip each (SASS: the remainder's LDG.E.128.STRONG.GPU all land in one
+  // register). Gemma3 B=1's final merge (9 chunks, two items per thread at d = 256) was 18 trips in a row. An index
+  // past n reads split n - 1 again and its FMAs are skipped (predicated loads let ptxas interleave them with the
+  // FMAs, ~4 in flight; tests/test_v4_cuda_build.py checks the runs of 16). Accumulation order is unchanged: same bits.
   for (int i = tid; i < G * D4; i += nthreads) {
     const int head = i / D4, d4 = i % D4;
     const float* w = wts + head * n;
