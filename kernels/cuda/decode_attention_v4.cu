@@ -235,9 +235,6 @@ __device__ __forceinline__ Src tile_src(const unsigned char* pool, const u16* ta
   return {nullptr, tail + r0 * D};
 }
 
-#ifndef ISSUE_EARLY
-#define ISSUE_EARLY 0  // lab A/B (call Y14): refill before the wait; the default build refills after it
-#endif
 #ifndef SPEC_TABLE
 #define SPEC_TABLE 0  // lab A/B (call Y14, not run yet): the default build reads the table after the lengths
 #endif
@@ -452,16 +449,11 @@ gaac_v4_decode_split(const u16* __restrict__ q,                                 
     for (; it < it_end; ++it) {
       const int slot = it % S;
       const int nx = it + S - 1;
-      // ISSUE_EARLY: the refill of the slot freed last iteration goes out before this tile's wait, so S tiles are
-      // in flight while the warp waits instead of S - 1 (the ring's depth without its shared memory)
-      if (ISSUE_EARLY && nx < n_tiles) {
-        __syncwarp();  // every lane's reads of the slot refilled now are done (they finished last iteration)
-        fence_proxy_async();
-        win.issue(nx - win.base, wring + (nx % S) * 2 * SLOT_KIND, wbar + nx % S, lane);
-      }
       mbar_wait(wbar + slot, (it / S) & 1);
       if (it == 0) stamps::mark(2);  // GAAC_STAMPS builds only: the first tile staged
-      if (!ISSUE_EARLY && nx < n_tiles) {
+      // the refill goes out after this tile's wait (refilling before it, two tiles in flight per warp, was within
+      // +-1% on the H100 in two A/Bs of call Y14: lab/results/arrive_release_h100.json)
+      if (nx < n_tiles) {
         __syncwarp();  // every lane's reads of the slot refilled now are done (they finished last iteration)
         fence_proxy_async();
         win.issue(nx - win.base, wring + (nx % S) * 2 * SLOT_KIND, wbar + nx % S, lane);

@@ -3,7 +3,7 @@ every row, its median time ratio to the default over the cases is <= 1 - margin 
 1%. Prints one NAME=V per winner (nothing when none won) for a device script that flips those defaults before timing
 the grid (the flip is recorded there and committed afterwards with the same source).
 
-    python lab/experiments/ab_verdict.py ab.json [--only ISSUE_EARLY=1 ARRIVE_RELEASE=1] [--margin 0.02]
+    python lab/experiments/ab_verdict.py ab.json [--only SPEC_TABLE=1 MERGE_BATCH=1] [--margin 0.02]
 """
 import argparse
 import json
