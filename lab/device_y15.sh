@@ -5,11 +5,7 @@
 # BF16 twin) and both grids. On an H200 issue 19's memory line first, and issue 14's codec file (carry .kvdump).
 # Usage: $0 <commit> [seconds, default 560]. Prediction: notebook, "Call Y15 prediction" and the bullets after it.
 LIMIT=${2:-560}
-left() { echo $((LIMIT - SECONDS)); }
-export PYTHONUNBUFFERED=1 GAAC_COMMIT="$1" GAAC_DIRTY=0 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
-GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -q H100 && echo h100 || echo h200)
-echo "gpu: $GPU"
-python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "pip -e failed"
+source lab/device_env.sh
 [ "$GPU" = h200 ] && {
   timeout 90 python3 eval/memory_report.py --gpu --contexts 32768 65536 --gpu-layers 12 --out $OUT/memory_h200.json 2>&1 \
     | grep -E "gaac_vs|wrote|rror" | sed 's/.stats.*gaac_vs/ gaac_vs/' | tail -6

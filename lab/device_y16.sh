@@ -3,10 +3,7 @@
 # (lab/experiments/ab_verdict.py), the v4 GPU tests with it flipped for as long as the call has left.
 # Usage: $0 <commit> [seconds, default 150]. Prediction: notebook, the MERGE_BATCH bullet under "Call Y15 prediction".
 LIMIT=${2:-150}
-export PYTHONUNBUFFERED=1 GAAC_COMMIT="$1" GAAC_DIRTY=0
-GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -q H100 && echo h100 || echo h200)
-echo "gpu: $GPU"
-python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "pip -e failed"
+source lab/device_env.sh
 timeout 80 python3 lab/experiments/v4_define_ab.py --out $OUT/merge_batch_$GPU.json --cases gemma3:1:4096 gemma3:1:16384 \
   smollm2-135m:1:16384 qwen3-8b:1:65536 --variants "" MERGE_BATCH=1 2>&1 | grep -E "B=|wrote|rror"
 echo "ab done after $SECONDS s"

@@ -216,7 +216,7 @@ __device__ __forceinline__ void store_item(const Output& dst, int head, int d4, 
 #define MERGE_CHUNK 0
 #endif
 #ifndef MERGE_BATCH
-#define MERGE_BATCH 0  // lab A/B (call Y15): a merge's loads in predicated batches of 16 (merge_splits says why)
+#define MERGE_BATCH 0  // lab A/B (not run yet): a merge's loads in batches of 16 (merge_splits says why)
 #endif
 
 // threadFenceReduction arrival: every thread of the CTA calls it after its stores; true in the CTA
