@@ -11,6 +11,9 @@ source lab/device_env.sh
     | grep -E "gaac_vs|wrote|rror" | sed 's/.stats.*gaac_vs/ gaac_vs/' | tail -6
   echo "memory done after $SECONDS s"
 }
+[ "$GPU" = h200 ] && [ -f .kvdump/smollm2_kv_v3.pt ] && (R=$PWD; cd /tmp && timeout 40 \
+  python3 $R/eval/bench_codec_v3.py --kv $R/.kvdump/smollm2_kv_v3.pt --out $OUT/codec_v3_h200.json 2>&1 | grep -E "^d=|wrote|rror")
+echo "codec done after $SECONDS s"
 timeout 130 python3 lab/experiments/v4_define_ab.py --out $OUT/merge_batch_$GPU.json --cases gemma3:1:4096 gemma3:1:16384 \
   gemma3:1:65536 gemma3:4:16384 qwen3-8b:1:65536 smollm2-135m:1:16384 smollm2-135m:1:32768 --variants "" MERGE_BATCH=1 \
   SPEC_TABLE=1 "MERGE_BATCH=1,SPEC_TABLE=1" 2>&1 | grep -E "B=|wrote|rror"
@@ -30,6 +33,4 @@ T=$(( $(left) - 140 )); [ $T -gt 150 ] && T=150; [ $LIMIT -lt 400 ] && T=$(( $(l
   --out $OUT/attention_$GPU.json > $OUT/grid_$GPU.log 2>&1; tail -2 $OUT/grid_$GPU.log; echo "grid done after $SECONDS s"
 [ $(left) -gt 60 ] && timeout 55 python3 eval/bench_attention_bf16.py --budget-s 45 --out $OUT/attention_bf16_$GPU.json \
   > $OUT/bf16_$GPU.log 2>&1; tail -2 $OUT/bf16_$GPU.log; echo "twin grid done after $SECONDS s"
-[ "$GPU" = h200 ] && [ $(left) -gt 40 ] && [ -f .kvdump/smollm2_kv_v3.pt ] && (R=$PWD; cd /tmp && timeout 40 \
-  python3 $R/eval/bench_codec_v3.py --kv $R/.kvdump/smollm2_kv_v3.pt --out $OUT/codec_v3_h200.json 2>&1 | grep -E "^d=|wrote|rror")
 echo "all done after $SECONDS s"
