@@ -1,6 +1,6 @@
 #!/bin/bash
 # Session 30, call Y15 (ARRIVE_RELEASE on): per-CTA stamps (which splits are slow; point 7 splits the final merge), the
-# A/B of MERGE_BATCH and SPEC_TABLE; a winner (lab/experiments/ab_verdict.py) is flipped in this working copy for the
+# A/B of MERGE_BATCH, SPEC_TABLE and EARLY_LOADS; the best winner (lab/experiments/ab_verdict.py) is flipped in this working copy for the
 # rest of the call (flipped.txt, GAAC_DIRTY=1), then the GPU tests of both kernels (arrive/merge code is shared with the
 # BF16 twin) and both grids. On an H200 issue 19's memory line first, and issue 14's codec file (carry .kvdump).
 # Usage: $0 <commit> [seconds, default 560]. Prediction: notebook, "Call Y15 prediction" and the bullets after it.
@@ -14,13 +14,17 @@ source lab/device_env.sh
 [ "$GPU" = h200 ] && [ -f .kvdump/smollm2_kv_v3.pt ] && (R=$PWD; cd /tmp && timeout 40 \
   python3 $R/eval/bench_codec_v3.py --kv $R/.kvdump/smollm2_kv_v3.pt --out $OUT/codec_v3_h200.json 2>&1 | grep -E "^d=|wrote|rror")
 echo "codec done after $SECONDS s"
-timeout 130 python3 lab/experiments/v4_define_ab.py --out $OUT/merge_batch_$GPU.json --cases gemma3:1:4096 gemma3:1:16384 \
-  gemma3:1:65536 gemma3:4:16384 qwen3-8b:1:65536 smollm2-135m:1:16384 smollm2-135m:1:32768 --variants "" MERGE_BATCH=1 \
-  SPEC_TABLE=1 "MERGE_BATCH=1,SPEC_TABLE=1" 2>&1 | grep -E "B=|wrote|rror"
+timeout 200 python3 lab/experiments/v4_define_ab.py --out $OUT/merge_batch_$GPU.json --cases gemma3:1:4096 gemma3:1:16384 \
+  gemma3:4:16384 qwen3-8b:1:16384 qwen3-8b:1:65536 smollm2-135m:1:16384 smollm2-135m:1:32768 --variants "" MERGE_BATCH=1 \
+  SPEC_TABLE=1 "MERGE_BATCH=1,SPEC_TABLE=1" "EARLY_LOADS=1,SPEC_TABLE=1" "EARLY_LOADS=1,MERGE_BATCH=1,SPEC_TABLE=1" 2>&1 \
+  | grep -E "B=|wrote|rror"
 echo "ab done after $SECONDS s"
-[ -f $OUT/merge_batch_$GPU.json ] && for v in $(python3 lab/experiments/ab_verdict.py $OUT/merge_batch_$GPU.json --only MERGE_BATCH=1 SPEC_TABLE=1 2>/dev/null); do
-  n=${v%=*}; sed -i "s/^#define $n 0 /#define $n 1 /" kernels/cuda/decode_attention_v4.cu kernels/cuda/include/gaac/attend.cuh
-  grep -h "^#define $n " kernels/cuda/decode_attention_v4.cu kernels/cuda/include/gaac/attend.cuh | tee -a $OUT/flipped.txt
+# the one winning variant (ab_verdict.py --best), each of its defines flipped in both sources
+[ -f $OUT/merge_batch_$GPU.json ] && for v in $(python3 lab/experiments/ab_verdict.py $OUT/merge_batch_$GPU.json --best 2>/dev/null); do
+  for nv in ${v//,/ }; do
+    n=${nv%=*}; sed -i "s/^#define $n 0 /#define $n 1 /" kernels/cuda/decode_attention_v4.cu kernels/cuda/include/gaac/attend.cuh
+    grep -h "^#define $n " kernels/cuda/decode_attention_v4.cu kernels/cuda/include/gaac/attend.cuh | tee -a $OUT/flipped.txt
+  done
   export GAAC_DIRTY=1
 done
 [ $LIMIT -ge 400 ] && [ $(left) -gt 200 ] && timeout 60 python3 lab/experiments/v4_stamps.py --per-cta --launches 3 --cases gemma3:1:4096 gemma3:1:16384 \

@@ -82,30 +82,36 @@ static_assert(TB % 16 == 0, "tiles are 16-byte multiples");
 // B=1 64K sat on those loads; the change: Gemma3 B=1 16K 24.66 -> 23.06 us, 64K 41.71 -> 40.50 on the H100, d = 128 / 64
 // unchanged, lab/results/y12_session28/consts_h100.json).
 constexpr int N_CONST = 2 * KS * 32, CONST_ROUNDS = (N_CONST + THREADS - 1) / THREADS;
-__device__ __forceinline__ void build_consts(uint2* cst, const unsigned char* k16, const unsigned char* v16) {
+// The constants' bytes of one CTA, loaded (load) and turned into pair constants in shared memory (store): split so
+// that EARLY_LOADS can issue the loads at the kernel's entry and store after the first copies are out.
+struct ConstBytes {
   u32 b[CONST_ROUNDS][2][2];  // [round][i][low / high byte of the pair]
+  __device__ __forceinline__ void load(const unsigned char* k16, const unsigned char* v16) {
 #pragma unroll
-  for (int r = 0; r < CONST_ROUNDS; ++r) {
-    const int idx = threadIdx.x + r * THREADS;
-    const int kind = idx / (KS * 32), s = (idx / 32) % KS, lane = idx % 32, g = lane >> 2, t = lane & 3;
+    for (int r = 0; r < CONST_ROUNDS; ++r) {
+      const int idx = threadIdx.x + r * THREADS;
+      const int kind = idx / (KS * 32), s = (idx / 32) % KS, lane = idx % 32, g = lane >> 2, t = lane & 3;
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      b[r][i][0] = b[r][i][1] = 0u;
-      if (idx < N_CONST) {
-        const int c = kind == 0 ? 16 * s + 2 * t + 8 * i : 16 * s + g + 8 * i;
-        const unsigned char* src = kind == 0 ? k16 + c : v16 + c;
-        b[r][i][0] = __ldg(src);
-        b[r][i][1] = __ldg(src + (kind == 0 ? 1 : 0));  // K: the pair's two channels; V: one channel twice
+      for (int i = 0; i < 2; ++i) {
+        b[r][i][0] = b[r][i][1] = 0u;
+        if (idx < N_CONST) {
+          const int c = kind == 0 ? 16 * s + 2 * t + 8 * i : 16 * s + g + 8 * i;
+          const unsigned char* src = kind == 0 ? k16 + c : v16 + c;
+          b[r][i][0] = __ldg(src);
+          b[r][i][1] = __ldg(src + (kind == 0 ? 1 : 0));  // K: the pair's two channels; V: one channel twice
+        }
       }
     }
   }
+  __device__ __forceinline__ void store(uint2* cst) const {
 #pragma unroll
-  for (int r = 0; r < CONST_ROUNDS; ++r) {
-    const int idx = threadIdx.x + r * THREADS;
-    if (idx < N_CONST)
-      cst[idx] = make_uint2(gaac_v3::pair_const(b[r][0][0], b[r][0][1]), gaac_v3::pair_const(b[r][1][0], b[r][1][1]));
+    for (int r = 0; r < CONST_ROUNDS; ++r) {
+      const int idx = threadIdx.x + r * THREADS;
+      if (idx < N_CONST)
+        cst[idx] = make_uint2(gaac_v3::pair_const(b[r][0][0], b[r][0][1]), gaac_v3::pair_const(b[r][1][0], b[r][1][1]));
+    }
   }
-}
+};
 
 // One lane's view of a staged compressed tile: its sign/mantissa and code words in registers and, for a tile
 // that lists raw groups (RAW), its one raw group of this kind (the encoder stores a tile with more as BF16).
@@ -235,6 +241,15 @@ __device__ __forceinline__ Src tile_src(const unsigned char* pool, const u16* ta
   return {nullptr, tail + r0 * D};
 }
 
+#ifndef EARLY_LOADS
+#define EARLY_LOADS 0  // lab A/B (not run yet): Q and the constants' bytes loaded at the kernel's entry (the kernel says why)
+#endif
+// EARLY_LOADS=1: the prologue's chains (stamps, lab/results/stamps_buffered_y14_h100.json, Gemma3 B=1 4K: the prologue
+// 4.0 us and the first tile staged at 4.1) are lengths -> table entries -> tile copy and lengths -> table entries ->
+// copies issued -> Q / constants' loads -> constants stored; both are three DRAM trips. SPEC_TABLE overlaps the
+// entries with the lengths, which shortens the first chain only; with EARLY_LOADS the Q / constants' loads go out at
+// entry too, so both chains are two trips. Costs registers in the prologue only (the bytes wait in registers until the
+// first copies are issued; d = 256 at 4 warps: 32).
 #ifndef SPEC_TABLE
 #define SPEC_TABLE 0  // lab A/B: faster on all 11 rows of call Y14 (H100) but short of the 0.98 median rule
 #endif
@@ -396,6 +411,12 @@ gaac_v4_decode_split(const u16* __restrict__ q,                                 
   const i64 bh = static_cast<i64>(b) * hkv + h;
   const i64* kt = k_table + bh * max_blocks;
   const i64* vt = v_table + bh * max_blocks;
+#if EARLY_LOADS  // Q's fragments and the constants' bytes first: nothing they need waits on a load
+  attend::WarpState st;
+  ConstBytes cb;
+  st.load_q(q + (static_cast<i64>(b) * hq_total + hq0) * D, lane);
+  cb.load(k_b16 + h * D, v_b16 + h * D);
+#endif
   SpecEntries sp;  // issued before the lengths below: the two loads overlap (SpecEntries says why)
   sp.read(kt, vt, max_blocks, split * tokens_per_split + lane * TILE + warp * 16);
   const attend::SplitRange rg = attend::split_range(num_blocks, tail_len, kv_start, b, split, tokens_per_split, T, TILE);
@@ -422,11 +443,15 @@ gaac_v4_decode_split(const u16* __restrict__ q,                                 
 #pragma unroll
   for (int s = 0; s < S - 1; ++s)
     if (s < n_tiles) win.issue(s, wring + s * 2 * SLOT_KIND, wbar + s, lane);
-  attend::WarpState st;
   // Q's fragments, then the constants: both are read-only global loads on the way to the first tile, issued
   // together (ptxas hoisted Q's above the barrier below already; written here, the order does not rest on that)
+#if !EARLY_LOADS
+  attend::WarpState st;
   st.load_q(q + (static_cast<i64>(b) * hq_total + hq0) * D, lane);
-  build_consts(cst, k_b16 + h * D, v_b16 + h * D);
+  ConstBytes cb;
+  cb.load(k_b16 + h * D, v_b16 + h * D);
+#endif
+  cb.store(cst);
   __syncthreads();  // constants built
   stamps::mark(1);
   Consts cs;
