@@ -62,6 +62,24 @@ def test_chosen_occupancy_compiles_without_spills(tmp_path, monkeypatch, d, w, s
     assert runtime.resource_problems(report, REGISTER_BUDGET) == []
 
 
+@pytest.mark.parametrize("d,w,streams", [(64, 8, 48), (128, 4, 8), (128, 4, 128), (256, 4, 16)])
+def test_spec_entries_builds_within_the_planned_cap_and_changes_the_kernel(tmp_path, monkeypatch, d, w, streams):
+    """SPEC_ENTRIES (a define GPU calls A/B, off by default) builds at the planner's launches within their
+    register cap (64K / (threads x CTAs per SM)) without local memory, and changes the cubin (a define that
+    compiled to nothing would A/B noise)."""
+    from gaac_hf.kernels.cuda import attention as A
+
+    monkeypatch.setattr(A, "_sm_count", lambda device: 132)
+    p = A.plan(streams, 1, 4, 64, d, 65536 + 64, None, LaunchConfig(num_warps=w))
+    defines = dict(p["defines"], MERGE_CHUNK=A.merge_chunk(4, p["splits"], d))
+    cap = min(255, 65536 // (p["threads"] * defines["MIN_CTAS_PER_SM"]) // 8 * 8)
+    cubins = []
+    for value in (0, 1):
+        assert runtime.resource_problems(_build(tmp_path, dict(defines, SPEC_ENTRIES=value)), cap) == [], value
+        cubins.append((tmp_path / "k.cubin").read_bytes())
+    assert cubins[0] != cubins[1], d
+
+
 def test_planted_spill_is_caught(tmp_path):
     """8 CTAs per SM caps the d=128 kernel at 64 registers, so it spills: the check must report it."""
     defines = dict(HEAD_DIM=128, GROUP=4, PAGE=64, WARPS=4, STAGES=4, MIN_CTAS_PER_SM=8)

@@ -69,6 +69,37 @@ __device__ __forceinline__ StageSrc stage_src(const PagedRows<T, D>& kp, const P
   return {kp.block(tok0 / T) + (tok0 % T) * D, vp.block(tok0 / T) + (tok0 % T) * D};
 }
 
+#ifndef SPEC_ENTRIES
+#define SPEC_ENTRIES 0  // lab A/B (not run yet): the first stages' table entries and Q read at entry (Spec says why)
+#endif
+// SPEC_ENTRIES=1: the prologue's chain is lengths (split_range) -> table entries -> copies, three DRAM trips before
+// the first stage lands, and Q's loads go out after the copies. The v4 kernel's SPEC_TABLE idea: read the entries of
+// the blocks a warp's first S stages land on if the split starts where nominal (split * tokens_per_split, no left
+// padding past it) beside the lengths, and Q too; stage_src uses an entry where its block is the one read and reads
+// the table as before where not. Any entry of the row [0, max_blocks) may be read; only those below nb are used.
+struct Spec {
+  int blk[S];
+  int k[S], v[S];
+  __device__ __forceinline__ void read(const int* kt, const int* vt, int max_blocks, int tok0) {
+#pragma unroll
+    for (int s = 0; s < S; ++s) {
+      blk[s] = (tok0 + s * TILE) / T;
+      k[s] = v[s] = 0;
+      if (blk[s] < max_blocks) {
+        k[s] = __ldg(kt + blk[s]);
+        v[s] = __ldg(vt + blk[s]);
+      } else {
+        blk[s] = -1;
+      }
+    }
+  }
+  __device__ __forceinline__ StageSrc src(const PagedRows<T, D>& kp, const PagedRows<T, D>& vp, int tok0, int s) const {
+    const int b_ = tok0 / T, r = (tok0 % T) * D;
+    if (b_ != blk[s] || b_ >= kp.nb) return stage_src(kp, vp, tok0);
+    return {kp.raw + static_cast<i64>(~k[s]) * (T * D) + r, vp.raw + static_cast<i64>(~v[s]) * (T * D) + r};
+  }
+};
+
 // Stage one warp's 16 rows [tok0, tok0 + 16) of K and V into shared memory (its own rows of the
 // stage: warps never read each other's rows, so each warp runs its own ring and waits for its own
 // copies; no CTA barrier per stage). Rows outside [lo, hi) are written as zeros.
@@ -143,20 +174,40 @@ gaac_bf16_decode_split(const u16* __restrict__ q,        // [B, Hkv*G, D]
   const int hq0 = h * G;
   const int hq_total = hkv * G;
 
+#if SPEC_ENTRIES
+  const i64 bh = static_cast<i64>(b) * hkv + h;
+  const int wrow = warp * 16;  // this warp's rows in every stage
+  attend::WarpState st;
+  Spec sp;
+  sp.read(k_table + bh * max_blocks, v_table + bh * max_blocks, max_blocks, split * tokens_per_split + wrow);
+  st.load_q(q + (static_cast<i64>(b) * hq_total + hq0) * D, lane);
+#endif
   const attend::SplitRange rg = attend::split_range(num_blocks, tail_len, kv_start, b, split, tokens_per_split, T, TILE);
   const int nb = rg.nb, lo = rg.lo, hi = rg.hi, first = rg.first, n_tiles = rg.n_tiles;
 
+#if !SPEC_ENTRIES
   const i64 bh = static_cast<i64>(b) * hkv + h;
+#endif
   PagedRows<T, D> kp{k_raw, k_tail + bh * T * D, k_table + bh * max_blocks, nb};
   PagedRows<T, D> vp{v_raw, v_tail + bh * T * D, v_table + bh * max_blocks, nb};
+#if SPEC_ENTRIES
+  // the stage sources of the prologue: the speculative entries where the split starts where nominal
+  auto src_at = [&](int t, int s_) { return sp.src(kp, vp, t, s_); };
+#else
+  auto src_at = [&](int t, int) { return stage_src(kp, vp, t); };
+#endif
 
   stamps::reset();
   stamps::mark(0);
+#if !SPEC_ENTRIES
   attend::WarpState st;
+#endif
   st.init();
 
-  // prologue: S - 1 stages of this warp's rows in flight, the table entries of the next one loaded
+#if !SPEC_ENTRIES
   const int wrow = warp * 16;  // this warp's rows in every stage
+#endif
+  // prologue: S - 1 stages of this warp's rows in flight, the table entries of the next one loaded
 #if LOADER == 1
   __shared__ __align__(8) unsigned long long bars[W * S];
   unsigned long long* wbar = bars + warp * S;
@@ -170,17 +221,17 @@ gaac_bf16_decode_split(const u16* __restrict__ q,        // [B, Hkv*G, D]
     const int t = first + s * TILE + wrow;
 #if LOADER == 1
     if (s < n_tiles) issue_rows_bulk(sk + s * STAGE_ELEMS + wrow * ROW, sv + s * STAGE_ELEMS + wrow * ROW,
-                                     stage_src(kp, vp, t), t, lo, hi, lane, wbar + s);
+                                     src_at(t, s), t, lo, hi, lane, wbar + s);
 #else
     if (s < n_tiles) issue_rows(sk + s * STAGE_ELEMS + wrow * ROW, sv + s * STAGE_ELEMS + wrow * ROW, kp, vp,
-                                stage_src(kp, vp, t), t, lo, hi, lane);
+                                src_at(t, s), t, lo, hi, lane);
     cp_async_commit();
 #endif
   }
-  StageSrc next_src = stage_src(kp, vp, first + (S - 1) * TILE + wrow);  // blocks past the end read no table
+  StageSrc next_src = src_at(first + (S - 1) * TILE + wrow, S - 1);  // blocks past the end read no table
 
-  // Q after the first copies are in flight: its load latency overlaps theirs
-  st.load_q(q + (static_cast<i64>(b) * hq_total + hq0) * D, lane);
+  // Q after the first copies are in flight: its load latency overlaps theirs (SPEC_ENTRIES: loaded at entry)
+  if (!SPEC_ENTRIES) st.load_q(q + (static_cast<i64>(b) * hq_total + hq0) * D, lane);
   stamps::mark(1);
 
   for (int it = 0; it < n_tiles; ++it) {
