@@ -7,9 +7,6 @@
 A variant's ``launch=W:S:C`` (warps:stages:CTAs per SM) replaces the planner's launch (its twin follows it).
 """
 import argparse
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,7 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "eval"))
 import harness  # noqa: E402
 from bench_attention_v4 import Case, parse_cases  # noqa: E402
-from forced_defines import force_defines  # noqa: E402
+from forced_defines import force_defines, write_ab  # noqa: E402
 
 from gaac_hf.kernels.cuda import fused_attention_v4 as F4  # noqa: E402
 
@@ -51,8 +48,4 @@ for shape, B, S in parse_cases(args.cases):
         print(f"  {shape} B={B} {S} [{v or 'default'}]: {us} us same={same}", flush=True)
     del case
     torch.cuda.empty_cache()
-commit = os.environ.get("GAAC_COMMIT") or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                                         cwd=REPO).stdout.strip()
-Path(args.out).write_text(json.dumps(dict(commit=commit, command=" ".join(sys.argv), gpu=torch.cuda.get_device_name(),
-                                          versions=dict(torch=torch.__version__), rows=rows), indent=1))
-print("wrote", args.out)
+write_ab(args.out, rows, REPO)
