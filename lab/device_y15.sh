@@ -3,7 +3,7 @@
 # A/Bs of MERGE_BATCH, SPEC_TABLE, EARLY_LOADS (v4) and SPEC_ENTRIES (twin); each best winner (lab/experiments/ab_verdict.py) is flipped in this working copy for the
 # rest of the call (flipped.txt, GAAC_DIRTY=1), then the GPU tests of both kernels (arrive/merge code is shared with the
 # BF16 twin) and both grids. On an H200 issue 19's memory line first, and issue 14's codec file (carry .kvdump).
-# Stamps only where > 330 s are left after the A/Bs (an H100). Usage: $0 <commit> [seconds, default 560]. Prediction: notebook, "Call Y15 prediction" and the bullets after it.
+# Short calls drop steps in this order: stamps (> 330 s left), the v4 A/B (> 350), the twin A/B (> 280). Usage: $0 <commit> [seconds, default 560]. Prediction: notebook, "Call Y15 prediction" and the bullets after it.
 LIMIT=${2:-560}
 source lab/device_env.sh
 [ "$GPU" = h200 ] && {
@@ -14,11 +14,11 @@ source lab/device_env.sh
 [ "$GPU" = h200 ] && [ -f .kvdump/smollm2_kv_v3.pt ] && (R=$PWD; cd /tmp && timeout 40 \
   python3 $R/eval/bench_codec_v3.py --kv $R/.kvdump/smollm2_kv_v3.pt --out $OUT/codec_v3_h200.json 2>&1 | grep -E "^d=|wrote|rror")
 echo "codec done after $SECONDS s"
-timeout 150 python3 lab/experiments/v4_define_ab.py --out $OUT/merge_batch_$GPU.json --cases gemma3:1:4096 gemma3:1:16384 \
+[ $(left) -gt 350 ] && timeout 150 python3 lab/experiments/v4_define_ab.py --out $OUT/merge_batch_$GPU.json --cases gemma3:1:4096 gemma3:1:16384 \
   qwen3-8b:1:16384 qwen3-8b:1:65536 smollm2-135m:1:16384 --variants "" MERGE_BATCH=1 SPEC_TABLE=1 "MERGE_BATCH=1,SPEC_TABLE=1" \
   "EARLY_LOADS=1,SPEC_TABLE=1" "EARLY_LOADS=1,MERGE_BATCH=1,SPEC_TABLE=1" 2>&1 | grep -E "B=|wrote|rror"
 echo "ab done after $SECONDS s"
-timeout 60 python3 lab/experiments/twin_define_ab.py --out $OUT/twin_ab_$GPU.json --cases qwen3-8b:1:65536 qwen3-8b:1:16384 \
+[ $(left) -gt 280 ] && timeout 60 python3 lab/experiments/twin_define_ab.py --out $OUT/twin_ab_$GPU.json --cases qwen3-8b:1:65536 qwen3-8b:1:16384 \
   smollm2-135m:1:16384 --variants "" SPEC_ENTRIES=1 2>&1 | grep -E "B=|wrote|rror"
 echo "twin ab done after $SECONDS s"
 # each A/B's one winning variant (ab_verdict.py --best): its defines flipped in the kernel sources
