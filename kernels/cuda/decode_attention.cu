@@ -185,7 +185,7 @@ gaac_bf16_decode_split(const u16* __restrict__ q,        // [B, Hkv*G, D]
   const attend::SplitRange rg = attend::split_range(num_blocks, tail_len, kv_start, b, split, tokens_per_split, T, TILE);
   const int nb = rg.nb, lo = rg.lo, hi = rg.hi, first = rg.first, n_tiles = rg.n_tiles;
 
-#if !SPEC_ENTRIES
+#if !SPEC_ENTRIES  // (bh, st and wrow where they always were: the default cubin is the one every GPU test ran)
   const i64 bh = static_cast<i64>(b) * hkv + h;
 #endif
   PagedRows<T, D> kp{k_raw, k_tail + bh * T * D, k_table + bh * max_blocks, nb};
