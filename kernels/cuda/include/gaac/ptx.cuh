@@ -16,10 +16,23 @@ __device__ __forceinline__ u32 smem_addr(const void* p) {
 }
 
 // 16-byte asynchronous global->shared copy; src_bytes = 0 writes 16 zero bytes (masked rows).
-// (An L2::256B prefetch hint was measured and changed nothing: lab/cuda-decode-notebook.md, call 3.)
+// (An L2::256B prefetch hint was timed in call 3 and changed nothing at B=1 64K. L2_HINT, a lab define, off:
+// session 33's Nsight Compute run found the twin asking L2 for 1.5x the sectors FA2 does at B=16 32K, with
+// the same LDGSTS count and DRAM bytes; FA2's copies carry the 128B hint. 128 / 256 select the hint.)
+#ifndef L2_HINT
+#define L2_HINT 0
+#endif
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+#if L2_HINT == 128
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(src_bytes));
+#elif L2_HINT == 256
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(src_bytes));
+#else
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
                "r"(src_bytes));
+#endif
 }
 // 4- or 8-byte asynchronous global->shared copy through L1 (.ca; .cg takes 16 bytes only): small
 // metadata (block-table entries, segment-table words) staged without a register waiting on it.
