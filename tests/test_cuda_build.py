@@ -80,6 +80,29 @@ def test_spec_entries_builds_within_the_planned_cap_and_changes_the_kernel(tmp_p
     assert cubins[0] != cubins[1], d
 
 
+@pytest.mark.parametrize("d,w,streams", [(128, 4, 128), (64, 8, 48)])
+def test_l2_hint_builds_within_the_planned_cap_and_leaves_the_default_alone(tmp_path, monkeypatch, d, w, streams):
+    """L2_HINT (ptx.cuh's copy hint, a define GPU calls A/B, off by default): every value builds at the planner's
+    launch within its register cap without local memory; the PTX of 0 (and of no define) has copies without a
+    hint, 128 / 256 put exactly that hint on every 16-byte copy (a hint that compiled to nothing would A/B noise)."""
+    from gaac_hf.kernels.cuda import attention as A
+
+    monkeypatch.setattr(A, "_sm_count", lambda device: 132)
+    p = A.plan(streams, 1, 4, 64, d, 65536 + 64, None, LaunchConfig(num_warps=w))
+    defines = dict(p["defines"], MERGE_CHUNK=A.merge_chunk(4, p["splits"], d))
+    cap = min(255, 65536 // (p["threads"] * defines["MIN_CTAS_PER_SM"]) // 8 * 8)
+    for value in (None, 0, 128, 256):
+        full = dict(defines, **({} if value is None else dict(L2_HINT=value)))
+        assert runtime.resource_problems(_build(tmp_path, full), cap) == [], value
+        cmd = [a for a in runtime.nvcc_command(SOURCE, full, "sm_90a", str(tmp_path / "k.ptx")) if a != "-cubin"]
+        res = subprocess.run(cmd[:1] + ["-ptx"] + cmd[1:], capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr[-2000:]
+        copies = [ln for ln in (tmp_path / "k.ptx").read_text().splitlines() if "cp.async.cg.shared.global" in ln]
+        assert copies, value
+        want = f".L2::{value}B" if value else None
+        assert all(("L2::" in ln) == bool(want) and (want is None or want in ln) for ln in copies), (value, copies[:2])
+
+
 def test_planted_spill_is_caught(tmp_path):
     """8 CTAs per SM caps the d=128 kernel at 64 registers, so it spills: the check must report it."""
     defines = dict(HEAD_DIM=128, GROUP=4, PAGE=64, WARPS=4, STAGES=4, MIN_CTAS_PER_SM=8)
