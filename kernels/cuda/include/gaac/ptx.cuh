@@ -22,17 +22,16 @@ __device__ __forceinline__ u32 smem_addr(const void* p) {
 #ifndef L2_HINT
 #define L2_HINT 0
 #endif
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
 #if L2_HINT == 128
-  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-               "r"(src_bytes));
+#define GAAC_L2_HINT ".L2::128B"
 #elif L2_HINT == 256
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-               "r"(src_bytes));
+#define GAAC_L2_HINT ".L2::256B"
 #else
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-               "r"(src_bytes));
+#define GAAC_L2_HINT ""
 #endif
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global" GAAC_L2_HINT " [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(src_bytes));
 }
 // 4- or 8-byte asynchronous global->shared copy through L1 (.ca; .cg takes 16 bytes only): small
 // metadata (block-table entries, segment-table words) staged without a register waiting on it.
