@@ -242,7 +242,7 @@ __device__ __forceinline__ Src tile_src(const unsigned char* pool, const u16* ta
 }
 
 #ifndef EARLY_LOADS
-#define EARLY_LOADS 0  // lab A/B (not run yet): Q and the constants' bytes loaded at the kernel's entry (the kernel says why)
+#define EARLY_LOADS 1  // on since call Y19 (H100 A/B with SPEC_TABLE, lab/results/v4_ab_h100_y19.json); 0 = the loads after
 #endif
 // EARLY_LOADS=1: the prologue's chains (stamps, lab/results/stamps_buffered_y14_h100.json, Gemma3 B=1 4K: the prologue
 // 4.0 us and the first tile staged at 4.1) are lengths -> table entries -> tile copy and lengths -> table entries ->
@@ -251,15 +251,15 @@ __device__ __forceinline__ Src tile_src(const unsigned char* pool, const u16* ta
 // entry too, so both chains are two trips. Costs registers in the prologue only (the bytes wait in registers until the
 // first copies are issued; d = 256 at 4 warps: 32).
 #ifndef SPEC_TABLE
-#define SPEC_TABLE 0  // lab A/B: faster on all 11 rows of call Y14 (H100) but short of the 0.98 median rule
+#define SPEC_TABLE 1  // on since call Y19 (with EARLY_LOADS: -4% at 16K, +-0.2% at 64K, bit-identical); 0 = the plain lookup
 #endif
 // The first window's table entries, read at the split's nominal start (split * tokens_per_split) before the sequence's
 // lengths are known: without them the first lookup waits on num_blocks / kv_start and then on the table, two
 // dependent DRAM trips before the first copy can be issued. A lane keeps the K and V entries of the block its first
 // tile would land on if the split starts where nominal (no left padding past it); fill uses them where the tile does
 // land there and reads the table as before where not (tail tiles read no entry at all). Any entry of the row
-// [0, max_blocks) may be read; only entries below num_blocks are used. SPEC_TABLE=1 builds it (lab A/B); 0, the
-// default, is the lookup every GPU test ran (its cubins are unchanged by this code, checked by SASS hash).
+// [0, max_blocks) may be read; only entries below num_blocks are used. SPEC_TABLE=1 (the default since call Y19) builds
+// it; 0 is the plain lookup the GPU tests ran before (its cubins are unchanged by this code, checked by SASS hash).
 struct SpecEntries {
   int blk = -1;  // the block the entries belong to; -1: none read
   i64 k = 0, v = 0;
