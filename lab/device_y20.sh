@@ -1,7 +1,7 @@
 #!/bin/bash
 # Session 34, call Y20 (issues 19, 14, 15): on an H200 issue 19's memory line and issue 14's codec file (carry .kvdump),
-# then the v4 grid with EARLY_LOADS / SPEC_TABLE on (their default since 9c074e2) and, with time left, the GPU tests of
-# the v4 kernel. On an H100 only the grid and tests (the memory line and codec file are H200 must-shows).
+# then Nsight Compute's per-SASS sectors of the twin and FA2 (issue 13), the v4 grid with EARLY_LOADS / SPEC_TABLE on (their default since 9c074e2) and, with time left, the GPU tests of
+# the v4 kernel. On an H100 the ncu step only (the memory line and codec file are H200 must-shows).
 # Usage: $0 <commit> [seconds, default 400]. Prediction: notebook, "Call Y20 prediction".
 LIMIT=${2:-400}
 source lab/device_env.sh
@@ -13,9 +13,19 @@ source lab/device_env.sh
     python3 $R/eval/bench_codec_v3.py --kv $R/.kvdump/smollm2_kv_v3.pt --out $OUT/codec_v3_h200.json 2>&1 | grep -E "^d=|wrote|rror")
   echo "codec done after $SECONDS s"
 }
-[ $(left) -gt 90 ] && timeout 80 python3 eval/bench_attention_v4.py --layouts shuffled in_order --budget-s 60 \
+# issue 13: which SASS copy asks L2 for the twin's extra sectors (Y17/Y19: 1.5x FA2's at the same DRAM bytes)
+for impl in twin fa2; do
+  [ $(left) -lt 150 ] && break
+  timeout 60 ncu --clock-control none --nvtx --nvtx-include "prof/" --section SourceCounters -o /tmp/src_$impl -f \
+    python3 lab/experiments/twin_ncu_one.py qwen3-8b:4:65536 $impl > /tmp/ncu_src_$impl.log 2>&1
+  ncu -i /tmp/src_$impl.ncu-rep --page source --csv --print-source sass > /tmp/src_$impl.csv 2>&1
+  python3 lab/ncu_sectors_per_sass.py /tmp/src_$impl.csv > $OUT/sectors_sass_$impl.txt 2>&1
+  echo "== $impl"; tail -1 $OUT/sectors_sass_$impl.txt | cut -c1-700; tail -3 /tmp/ncu_src_$impl.log | cut -c1-300
+done
+echo "ncu done after $SECONDS s"
+[ "$GPU" = h200 ] && [ $(left) -gt 90 ] && timeout 80 python3 eval/bench_attention_v4.py --layouts shuffled in_order --budget-s 60 \
   --out $OUT/attention_$GPU.json > $OUT/grid_$GPU.log 2>&1; tail -2 $OUT/grid_$GPU.log; echo "grid done after $SECONDS s"
 T=$(( $(left) - 10 ))
-[ $T -gt 30 ] && timeout $T python3 -m pytest -q -m gpu tests/test_v4_gpu.py -p no:cacheprovider \
+[ "$GPU" = h200 ] && [ $T -gt 30 ] && timeout $T python3 -m pytest -q -m gpu tests/test_v4_gpu.py -p no:cacheprovider \
   > $OUT/pytest_gpu_$GPU.txt 2>&1; tail -2 $OUT/pytest_gpu_$GPU.txt; echo "tests done after $SECONDS s"
 echo "all done after $SECONDS s"
