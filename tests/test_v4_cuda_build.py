@@ -98,10 +98,10 @@ def test_lab_defines_build_without_spills_and_change_the_kernel(tmp_path, name):
         defines = dict(HEAD_DIM=d, QUERY_GROUP=4, PAGE=64, WARPS=w, STAGES=2, MIN_CTAS_PER_SM=1, CONST_REGS=1,
                        MERGE_CHUNK=16)
         cubins = []
-        for value in (0, 1):
+        for value in ((0, 1, 2) if name == "MERGE_BATCH" else (0, 1)):
             assert runtime.resource_problems(_build(tmp_path, dict(defines, **{name: value})), _cap(defines)) == []
             cubins.append((tmp_path / "k.cubin").read_bytes())
-        assert cubins[0] != cubins[1], (name, d)
+        assert len(set(cubins)) == len(cubins), (name, d)
 
 
 def test_planted_spill_is_caught(tmp_path):
@@ -191,14 +191,15 @@ def _merge_load_runs(sass: str) -> list[int]:
 def test_merge_batch_issues_the_partials_loads_in_runs_of_16(tmp_path, d, warps, ctas):
     """MERGE_BATCH=1 (attend.cuh merge_splits): every partial load of the split merge sits in a run of 16 issued
     before their FMAs (one L2 round trip per 16 splits). The build without it must fail the same check: its
-    `#pragma unroll 16` remainder issues one load per FMA group (one round trip per split), which is what it fixes."""
+    `#pragma unroll 16` remainder issues one load per FMA group (one round trip per split), which is what it fixes.
+    MERGE_BATCH=2: at each merge, runs of exactly 16, 8, 4, 2 and 1 loads (the remainder without unused loads)."""
     sys.path.insert(0, str(REPO / "eval"))
     from sass_decoder import tool
 
     defines = dict(HEAD_DIM=d, QUERY_GROUP=4, PAGE=64, WARPS=warps, STAGES=2, MIN_CTAS_PER_SM=ctas,
                    CONST_REGS=int(F4.const_regs_fit(d, warps, ctas)), MERGE_CHUNK=16)
     runs = {}
-    for value in (0, 1):
+    for value in (0, 1, 2):
         assert runtime.resource_problems(_build(tmp_path, dict(defines, MERGE_BATCH=value)), _cap(defines)) == []
         try:
             sass = subprocess.run([tool("cuobjdump"), "-sass", str(tmp_path / "k.cubin")], capture_output=True,
@@ -208,6 +209,7 @@ def test_merge_batch_issues_the_partials_loads_in_runs_of_16(tmp_path, d, warps,
         runs[value] = _merge_load_runs(sass)
     assert runs[1] and all(r >= 16 for r in runs[1]), runs[1]
     assert any(r < 16 for r in runs[0]), runs[0]
+    assert runs[2] and len(runs[2]) % 5 == 0 and runs[2] == [16, 8, 4, 2, 1] * (len(runs[2]) // 5), runs[2]
 
 
 def test_nvrtc_path_when_cuda_core_is_installed(tmp_path, monkeypatch):

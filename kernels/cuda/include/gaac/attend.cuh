@@ -216,7 +216,7 @@ __device__ __forceinline__ void store_item(const Output& dst, int head, int d4, 
 #define MERGE_CHUNK 0
 #endif
 #ifndef MERGE_BATCH
-#define MERGE_BATCH 0  // lab A/B (not run yet): a merge's loads in batches of 16 (merge_splits says why)
+#define MERGE_BATCH 0  // lab A/B: 1 = a merge's loads in batches of 16, 2 = runs of 16, 8, 4, 2, 1 (merge_splits says why)
 #endif
 
 // threadFenceReduction arrival: every thread of the CTA calls it after its stores; true in the CTA
@@ -260,6 +260,25 @@ __device__ __forceinline__ bool arrive_last(int* counter, int total) {
 #endif
 }
 
+#if MERGE_BATCH == 2
+// One run of MERGE_BATCH=2's merge: the N partials s0 .. s0 + N - 1 of one item, every load issued before the first
+// FMA (one L2 round trip), then the FMAs in split order (the order of the plain loop: same bits).
+template <int N>
+__device__ __forceinline__ void merge_run(const float4* po, const float* w, int s0, int step, float4& a) {
+  float4 x[N];
+#pragma unroll
+  for (int u = 0; u < N; ++u) x[u] = __ldcg(po + (s0 + u) * step);
+#pragma unroll
+  for (int u = 0; u < N; ++u) {
+    const float ww = w[s0 + u];
+    a.x += ww * x[u].x;
+    a.y += ww * x[u].y;
+    a.z += ww * x[u].z;
+    a.w += ww * x[u].w;
+  }
+}
+#endif
+
 // Merge `n` split partials of this CTA's G heads: rows first, first + stride, ... of part_o / part_lse
 // (each normalised by its own sum, with its log2-sum-exp). final: the bf16 output; else the merged
 // partial and its log2-sum-exp go to row `first` (in place: every thread reads its own item's rows
@@ -300,7 +319,36 @@ __device__ __forceinline__ void merge_splits(const Output& dst, unsigned char* s
   // item over several threads (partials added through shared memory, 8 in flight) was slower on the H100:
   // SmolLM2 B=1 16K 12.7 -> 14.7 us, Gemma3 B=1 16K 24.4 -> 27.1 (lab/results/x2_session24/).
   constexpr int D4 = D / 4;
-#if MERGE_BATCH
+#if MERGE_BATCH == 2
+  // runs of 16, then at most one run each of 8, 4, 2 and 1 for the remainder: every load of a run in flight together
+  // and none past n. Call Y19 (H100, lab/results/v4_ab_h100_y19.json) timed MERGE_BATCH=1 (below): -14% at Gemma3 B=1
+  // 16K (final merge of 9 chunks: 9 trips -> 1), -6.5% at Qwen3 B=1 16K (15 splits), but +3.2% at SmolLM2 B=1 16K
+  // (65 splits: its last batch loads 15 partials it never uses). Here a remainder of r costs popcount(r) trips
+  // (15 -> 4, 9 -> 2, 1 -> 1) and no unused load. Same split order: same bits.
+  for (int i = tid; i < G * D4; i += nthreads) {
+    const int head = i / D4, d4 = i % D4;
+    const float* w = wts + head * n;
+    const float4* po = reinterpret_cast<const float4*>(dst.part_o + ((dst.row0 + head) * splits + first) * D) + d4;
+    const int step = stride * D4;
+    float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+    int s0 = 0;
+    for (; s0 + 16 <= n; s0 += 16) merge_run<16>(po, w, s0, step, a);
+    if (n - s0 >= 8) {
+      merge_run<8>(po, w, s0, step, a);
+      s0 += 8;
+    }
+    if (n - s0 >= 4) {
+      merge_run<4>(po, w, s0, step, a);
+      s0 += 4;
+    }
+    if (n - s0 >= 2) {
+      merge_run<2>(po, w, s0, step, a);
+      s0 += 2;
+    }
+    if (n - s0 >= 1) merge_run<1>(po, w, s0, step, a);
+    store_item(dst, head, d4, first, final, a);
+  }
+#elif MERGE_BATCH
   // every split's partial in batches of 16 loads issued together. With `#pragma unroll 16` over a run-time n (the
   // build below) the compiler batches whole groups of 16 and runs the remainder (n % 16, all of n < 16) as a loop of
   // one load and its FMAs, one L2 round trip each (SASS: the remainder's LDG.E.128.STRONG.GPU all land in one
