@@ -3,7 +3,7 @@
 # then Nsight Compute's per-SASS sectors of the twin and FA2 (issue 13), the v4 grid with EARLY_LOADS / SPEC_TABLE on (their default since 9c074e2) and, with time left, the GPU tests of
 # the v4 kernel. On an H100 the ncu step only (the memory line and codec file are H200 must-shows).
 # Usage: $0 <commit> [seconds, default 400]. Prediction: notebook, "Call Y20 prediction".
-LIMIT=${2:-400}
+LIMIT=${2:-480}
 source lab/device_env.sh
 [ "$GPU" = h200 ] && {
   timeout 90 python3 eval/memory_report.py --gpu --contexts 32768 65536 --gpu-layers 12 --out $OUT/memory_h200.json 2>&1 \
@@ -13,9 +13,20 @@ source lab/device_env.sh
     python3 $R/eval/bench_codec_v3.py --kv $R/.kvdump/smollm2_kv_v3.pt --out $OUT/codec_v3_h200.json 2>&1 | grep -E "^d=|wrote|rror")
   echo "codec done after $SECONDS s"
 }
+# the split merge's remainder (MERGE_BATCH=2, attend.cuh) against 1 and the default; the best flipped for the grid
+[ $(left) -gt 150 ] && timeout 90 python3 lab/experiments/v4_define_ab.py --out $OUT/merge_ab_$GPU.json \
+  --cases gemma3:1:4096 gemma3:1:16384 qwen3-8b:1:16384 qwen3-8b:1:65536 qwen3-8b:4:65536 smollm2-135m:1:4096 \
+  smollm2-135m:1:16384 --variants "" MERGE_BATCH=1 MERGE_BATCH=2 2>&1 | grep -E "B=|wrote|rror"
+echo "merge ab done after $SECONDS s"
+[ -f $OUT/merge_ab_$GPU.json ] && for nv in $(python3 lab/experiments/ab_verdict.py $OUT/merge_ab_$GPU.json --best); do
+  sed -i -E "s/^#define MERGE_BATCH [0-9]+( |$)/#define MERGE_BATCH ${nv#*=}\1/" kernels/cuda/include/gaac/attend.cuh
+  grep -h "^#define MERGE_BATCH " kernels/cuda/include/gaac/attend.cuh | tee -a $OUT/flipped.txt; export GAAC_DIRTY=1
+done
+[ "$GPU" = h200 ] && [ $(left) -gt 90 ] && timeout 80 python3 eval/bench_attention_v4.py --layouts shuffled in_order --budget-s 60 \
+  --out $OUT/attention_$GPU.json > $OUT/grid_$GPU.log 2>&1; tail -2 $OUT/grid_$GPU.log; echo "grid done after $SECONDS s"
 # issue 13: which SASS copy asks L2 for the twin's extra sectors (Y17/Y19: 1.5x FA2's at the same DRAM bytes)
 for impl in twin fa2; do
-  [ $(left) -lt 150 ] && break
+  [ $(left) -lt 100 ] && break
   timeout 60 ncu --clock-control none --nvtx --nvtx-include "prof/" --section SourceCounters -o /tmp/src_$impl -f \
     python3 lab/experiments/twin_ncu_one.py qwen3-8b:4:65536 $impl > /tmp/ncu_src_$impl.log 2>&1
   ncu -i /tmp/src_$impl.ncu-rep --page source --csv --print-source sass > /tmp/src_$impl.csv 2>&1
@@ -23,9 +34,9 @@ for impl in twin fa2; do
   echo "== $impl"; tail -1 $OUT/sectors_sass_$impl.txt | cut -c1-700; tail -3 /tmp/ncu_src_$impl.log | cut -c1-300
 done
 echo "ncu done after $SECONDS s"
-[ "$GPU" = h200 ] && [ $(left) -gt 90 ] && timeout 80 python3 eval/bench_attention_v4.py --layouts shuffled in_order --budget-s 60 \
-  --out $OUT/attention_$GPU.json > $OUT/grid_$GPU.log 2>&1; tail -2 $OUT/grid_$GPU.log; echo "grid done after $SECONDS s"
 T=$(( $(left) - 10 ))
-[ "$GPU" = h200 ] && [ $T -gt 30 ] && timeout $T python3 -m pytest -q -m gpu tests/test_v4_gpu.py -p no:cacheprovider \
+# the twin shares attend.cuh's merge: its tests run too where the call flipped MERGE_BATCH
+TESTS="tests/test_v4_gpu.py"; [ -f $OUT/flipped.txt ] && TESTS="$TESTS tests/test_cuda_attention.py"
+{ [ "$GPU" = h200 ] || [ -f $OUT/flipped.txt ]; } && [ $T -gt 30 ] && timeout $T python3 -m pytest -q -m gpu $TESTS -p no:cacheprovider \
   > $OUT/pytest_gpu_$GPU.txt 2>&1; tail -2 $OUT/pytest_gpu_$GPU.txt; echo "tests done after $SECONDS s"
 echo "all done after $SECONDS s"
