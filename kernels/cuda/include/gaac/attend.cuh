@@ -21,7 +21,11 @@ constexpr int G = GROUP;
 constexpr int W = WARPS;
 constexpr int NT = (G + 7) / 8;  // MMA n-tiles of 8 query heads
 constexpr int KS = D / 16;       // k-steps of S^T = K Q^T, m-tiles of O^T
-constexpr int ROW = D + 8;       // smem row stride in b16: +16 B keeps ldmatrix conflict-free
+#ifndef ROW_PAD
+#define ROW_PAD 8  // lab define (session 34): call Y20's per-SASS counters show the twin's copies asking L2 for 24
+#endif            // sectors per 512 B (16 ideal) with shared-memory wavefronts in excess; 0 tests the padding's part
+static_assert(ROW_PAD % 8 == 0 && ROW_PAD <= 8, "ROW_PAD: 0 or 8 b16 (the host sizes shared memory for D + 8)");
+constexpr int ROW = D + ROW_PAD;  // smem row stride in b16: +16 B keeps ldmatrix conflict-free
 constexpr int THREADS = 32 * W;
 #define GAAC_NEG_INF (-__int_as_float(0x7f800000))
 
