@@ -56,6 +56,7 @@ constexpr int STAGE_ELEMS = TILE * ROW;
 
 static_assert(T % 16 == 0, "PAGE must be a multiple of 16");
 static_assert(S >= 2 || (S == 1 && LOADER == 0), "STAGES must be >= 2 (1 only with the cp.async loader)");
+static_assert(!SWIZZLE || LOADER == 0, "SWIZZLE permutes chunks within a row: the cp.async loader only (a bulk copy writes a row whole)");
 static_assert((16 * CPR) % 32 == 0, "a warp's 16 rows must spread evenly over its lanes");
 
 // Where a warp's 16 rows [tok0, tok0 + 16) start in K and V. tok0 is a multiple of 16 and so is T,
@@ -117,8 +118,14 @@ __device__ __forceinline__ void issue_rows(u16* sk, u16* sv, const PagedRows<T, 
     const u16* ks = src.k + r * D;
     const u16* vs = src.v + r * D;
     // a masked row reads nothing (src-size 0) but still gets a valid address
+#if SWIZZLE
+    const int at = r * ROW + 8 * attend::chunk_at(r, c % CPR);
+    cp_async16(sk + at, ok ? ks + col : kp.tail, ok ? 16 : 0);
+    cp_async16(sv + at, ok ? vs + col : vp.tail, ok ? 16 : 0);
+#else
     cp_async16(sk + r * ROW + col, ok ? ks + col : kp.tail, ok ? 16 : 0);
     cp_async16(sv + r * ROW + col, ok ? vs + col : vp.tail, ok ? 16 : 0);
+#endif
   }
 }
 

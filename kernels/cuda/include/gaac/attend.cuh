@@ -25,7 +25,18 @@ constexpr int KS = D / 16;       // k-steps of S^T = K Q^T, m-tiles of O^T
 #define ROW_PAD 8  // lab define (session 34): call Y20's per-SASS counters show the twin's copies asking L2 for 24
 #endif            // sectors per 512 B (16 ideal) with shared-memory wavefronts in excess; 0 tests the padding's part
 static_assert(ROW_PAD % 8 == 0 && ROW_PAD <= 8, "ROW_PAD: 0 or 8 b16 (the host sizes shared memory for D + 8)");
-constexpr int ROW = D + ROW_PAD;  // smem row stride in b16: +16 B keeps ldmatrix conflict-free
+#ifndef SWIZZLE
+#define SWIZZLE 0  // lab define (session 34): staged rows unpadded, their 16-byte chunks XOR-permuted (chunk_at)
+#endif
+static_assert(!SWIZZLE || D >= 64, "SWIZZLE permutes 8 chunks of 16 B within a row: HEAD_DIM >= 64");
+// smem row stride in b16: +16 B keeps ldmatrix conflict-free; SWIZZLE instead keeps rows unpadded (every row starts
+// on a 128-byte line, so a warp's 512-byte copy fills 4 whole lines) and stores chunk j of row r at chunk
+// j ^ (r & 7): the 8 rows one ldmatrix reads at the same chunk land on 8 different 16-byte bank groups (the
+// XOR layout CUTLASS's SM80 shared-memory swizzles use; ours is its 3-bit, 16-byte-unit case)
+constexpr int ROW = SWIZZLE ? D : D + ROW_PAD;
+// Where chunk `chunk` (16 bytes, 8 b16) of staged row `r` lives within the row, in chunks. Rows are counted from an
+// 8-row-aligned base (a warp's 16 rows start at a multiple of 16 in every stage).
+__device__ __forceinline__ int chunk_at(int r, int chunk) { return SWIZZLE ? (chunk ^ (r & 7)) : chunk; }
 constexpr int THREADS = 32 * W;
 #define GAAC_NEG_INF (-__int_as_float(0x7f800000))
 
@@ -85,9 +96,17 @@ struct WarpState {
     const int ka_row = (lane & 7) + ((lane >> 3) & 1) * 8, ka_col = (lane >> 4) * 8;
     // V^T as A via .trans: stored rows (tokens) (lane & 7) + 8 * (lane >> 4), cols 8 * ((lane >> 3) & 1)
     const int va_row = (lane & 7) + (lane >> 4) * 8, va_col = ((lane >> 3) & 1) * 8;
+#if SWIZZLE
+    rows_from([&](int k, u32 (&a)[4]) { ldmatrix_x4(a, ks + ka_row * ROW + 8 * chunk_at(ka_row, 2 * k + ka_col / 8)); },
+              [&](int m, u32 (&a)[4]) {
+                ldmatrix_x4_trans(a, vs + va_row * ROW + 8 * chunk_at(va_row, 2 * m + va_col / 8));
+              },
+              tok0, lo, hi, lane, scale_log2, after_k);
+#else
     rows_from([&](int k, u32 (&a)[4]) { ldmatrix_x4(a, ks + ka_row * ROW + 16 * k + ka_col); },
               [&](int m, u32 (&a)[4]) { ldmatrix_x4_trans(a, vs + va_row * ROW + 16 * m + va_col); }, tok0, lo, hi,
               lane, scale_log2, after_k);
+#endif
   }
 
   // The same arithmetic on A fragments from any source: k_frag(k, a) gives K's m16n8k16 A fragment of
