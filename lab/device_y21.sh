@@ -4,9 +4,18 @@
 # excess. Is it the +16 B row padding of the staged tiles? ROW_PAD=0 (attend.cuh lab define): its per-SASS sectors and
 # a timed A/B. Then the merge A/B of MERGE_BATCH=2 again over more short calls (Y20: -9% / -10% / -5% on Gemma3 B=1 4K
 # / 16K and Qwen3 B=1 16K, +1.4% on SmolLM2 B=1 4K). Usage: $0 <commit> [seconds, default 200]. Prediction: notebook.
-LIMIT=${2:-200}
+LIMIT=${2:-200}  # 330 on an H200
 source lab/device_env.sh
+# an H200 (none this session so far): issue 19's memory line and issue 14's codec file first (carry .kvdump)
+[ "$GPU" = h200 ] && {
+  timeout 90 python3 eval/memory_report.py --gpu --contexts 32768 65536 --gpu-layers 12 --out $OUT/memory_h200.json 2>&1 \
+    | grep -E "gaac_vs|wrote|rror" | sed 's/.stats.*gaac_vs/ gaac_vs/' | tail -6
+  [ -f .kvdump/smollm2_kv_v3.pt ] && (R=$PWD; cd /tmp && timeout 40 \
+    python3 $R/eval/bench_codec_v3.py --kv $R/.kvdump/smollm2_kv_v3.pt --out $OUT/codec_v3_h200.json 2>&1 | grep -E "^d=|wrote|rror")
+  echo "memory and codec done after $SECONDS s"
+}
 for v in ROW_PAD=0 SWIZZLE=1; do
+  [ $(left) -lt 120 ] && break
   timeout 60 ncu --clock-control none --nvtx --nvtx-include "prof/" --section SourceCounters -o /tmp/src_$v -f \
     python3 lab/experiments/twin_ncu_one.py qwen3-8b:4:65536 twin $v > /tmp/ncu_src.log 2>&1
   ncu -i /tmp/src_$v.ncu-rep --page source --csv --print-source sass > /tmp/src.csv 2>&1
