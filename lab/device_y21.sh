@@ -23,8 +23,8 @@ for v in ROW_PAD=0 SWIZZLE=1; do
   echo "== $v"; tail -1 $OUT/sectors_sass_twin_${v//=/_}.txt | cut -c1-700; tail -2 /tmp/ncu_src.log | cut -c1-300
 done
 echo "ncu done after $SECONDS s"
-[ $(left) -gt 100 ] && timeout 60 python3 lab/experiments/twin_define_ab.py --out $OUT/twin_rowpad_$GPU.json \
-  --cases qwen3-8b:4:65536 qwen3-8b:16:32768 qwen3-8b:1:65536 --variants "" ROW_PAD=0 SWIZZLE=1 2>&1 | grep -E "B=|wrote|rror"
+[ $(left) -gt 100 ] && timeout 80 python3 lab/experiments/twin_define_ab.py --out $OUT/twin_rowpad_$GPU.json \
+  --cases qwen3-8b:4:65536 qwen3-8b:16:32768 qwen3-8b:1:65536 --variants "" ROW_PAD=0 SWIZZLE=1 MERGE_BATCH=2 "SWIZZLE=1,MERGE_BATCH=2" 2>&1 | grep -E "B=|wrote|rror"
 echo "twin ab done after $SECONDS s"
 [ $(left) -gt 40 ] && timeout $(( $(left) - 5 )) python3 lab/experiments/v4_define_ab.py --out $OUT/merge2_ab_$GPU.json \
   --cases gemma3:1:4096 gemma3:1:16384 gemma3:4:4096 qwen3-8b:1:4096 qwen3-8b:1:16384 smollm2-135m:1:4096 \
