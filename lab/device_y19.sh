@@ -6,14 +6,7 @@
 # Usage: $0 <commit> [seconds, default 480]. Prediction: notebook, "Call Y18 prediction" and "Call Y19 prediction".
 LIMIT=${2:-480}
 source lab/device_env.sh
-[ "$GPU" = h200 ] && {
-  timeout 90 python3 eval/memory_report.py --gpu --contexts 32768 65536 --gpu-layers 12 --out $OUT/memory_h200.json 2>&1 \
-    | grep -E "gaac_vs|wrote|rror" | sed 's/.stats.*gaac_vs/ gaac_vs/' | tail -6
-  echo "memory done after $SECONDS s"
-  [ -f .kvdump/smollm2_kv_v3.pt ] && (R=$PWD; cd /tmp && timeout 40 \
-    python3 $R/eval/bench_codec_v3.py --kv $R/.kvdump/smollm2_kv_v3.pt --out $OUT/codec_v3_h200.json 2>&1 | grep -E "^d=|wrote|rror")
-  echo "codec done after $SECONDS s"
-}
+h200_memory_codec
 M=l1tex__m_xbar2l1tex_read_sectors.sum,lts__t_sectors_op_read_lookup_hit.sum,dram__sectors_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,gpu__time_duration.sum
 for v in L2_HINT=0 L2_HINT=128; do
   [ $(left) -lt 330 ] && break

@@ -5,15 +5,9 @@
 LIMIT=$2
 source lab/device_env.sh
 shift 2
-K="kernels/cuda/decode_attention_v4.cu kernels/cuda/decode_attention.cu kernels/cuda/include/gaac/attend.cuh kernels/cuda/include/gaac/ptx.cuh"
-for nv in "$@"; do
-  n=${nv%=*}; val=${nv#*=}
-  sed -i -E "s/^#define $n [0-9]+( |$)/#define $n $val\1/" $K; grep -h "^#define $n " $K | tee -a $OUT/flipped.txt
-  export GAAC_DIRTY=1
-done
+flip_defines "$@"
 T=$(( $(left) - 150 )); [ $T -gt 200 ] && T=200
-[ $T -gt 30 ] && timeout $T python3 -m pytest -q -m gpu tests/test_v4_gpu.py tests/test_cuda_attention.py -p no:cacheprovider \
-  > $OUT/pytest_gpu_$GPU.txt 2>&1; tail -2 $OUT/pytest_gpu_$GPU.txt; echo "tests done after $SECONDS s"
+gpu_tests $T
 [ $(left) -gt 100 ] && timeout 80 python3 eval/bench_attention_v4.py --layouts shuffled in_order --budget-s 60 \
   --out $OUT/attention_$GPU.json > $OUT/grid_$GPU.log 2>&1; tail -2 $OUT/grid_$GPU.log; echo "grid done after $SECONDS s"
 [ $(left) -gt 60 ] && timeout 55 python3 eval/bench_attention_bf16.py --budget-s 45 --out $OUT/attention_bf16_$GPU.json \

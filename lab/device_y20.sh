@@ -5,22 +5,14 @@
 # Usage: $0 <commit> [seconds, default 400]. Prediction: notebook, "Call Y20 prediction".
 LIMIT=${2:-480}
 source lab/device_env.sh
-[ "$GPU" = h200 ] && {
-  timeout 90 python3 eval/memory_report.py --gpu --contexts 32768 65536 --gpu-layers 12 --out $OUT/memory_h200.json 2>&1 \
-    | grep -E "gaac_vs|wrote|rror" | sed 's/.stats.*gaac_vs/ gaac_vs/' | tail -6
-  echo "memory done after $SECONDS s"
-  [ -f .kvdump/smollm2_kv_v3.pt ] && (R=$PWD; cd /tmp && timeout 40 \
-    python3 $R/eval/bench_codec_v3.py --kv $R/.kvdump/smollm2_kv_v3.pt --out $OUT/codec_v3_h200.json 2>&1 | grep -E "^d=|wrote|rror")
-  echo "codec done after $SECONDS s"
-}
+h200_memory_codec
 # the split merge's remainder (MERGE_BATCH=2, attend.cuh) against 1 and the default; the best flipped for the grid
 [ $(left) -gt 150 ] && timeout 90 python3 lab/experiments/v4_define_ab.py --out $OUT/merge_ab_$GPU.json \
   --cases gemma3:1:4096 gemma3:1:16384 qwen3-8b:1:16384 qwen3-8b:1:65536 qwen3-8b:4:65536 smollm2-135m:1:4096 \
   smollm2-135m:1:16384 --variants "" MERGE_BATCH=1 MERGE_BATCH=2 2>&1 | grep -E "B=|wrote|rror"
 echo "merge ab done after $SECONDS s"
 [ -f $OUT/merge_ab_$GPU.json ] && for nv in $(python3 lab/experiments/ab_verdict.py $OUT/merge_ab_$GPU.json --best); do
-  sed -i -E "s/^#define MERGE_BATCH [0-9]+( |$)/#define MERGE_BATCH ${nv#*=}\1/" kernels/cuda/include/gaac/attend.cuh
-  grep -h "^#define MERGE_BATCH " kernels/cuda/include/gaac/attend.cuh | tee -a $OUT/flipped.txt; export GAAC_DIRTY=1
+  flip_defines "$nv"
 done
 [ "$GPU" = h200 ] && [ $(left) -gt 90 ] && timeout 80 python3 eval/bench_attention_v4.py --layouts shuffled in_order --budget-s 60 \
   --out $OUT/attention_$GPU.json > $OUT/grid_$GPU.log 2>&1; tail -2 $OUT/grid_$GPU.log; echo "grid done after $SECONDS s"

@@ -7,13 +7,7 @@
 LIMIT=${2:-200}  # 330 on an H200
 source lab/device_env.sh
 # an H200 (none this session so far): issue 19's memory line and issue 14's codec file first (carry .kvdump)
-[ "$GPU" = h200 ] && {
-  timeout 90 python3 eval/memory_report.py --gpu --contexts 32768 65536 --gpu-layers 12 --out $OUT/memory_h200.json 2>&1 \
-    | grep -E "gaac_vs|wrote|rror" | sed 's/.stats.*gaac_vs/ gaac_vs/' | tail -6
-  [ -f .kvdump/smollm2_kv_v3.pt ] && (R=$PWD; cd /tmp && timeout 40 \
-    python3 $R/eval/bench_codec_v3.py --kv $R/.kvdump/smollm2_kv_v3.pt --out $OUT/codec_v3_h200.json 2>&1 | grep -E "^d=|wrote|rror")
-  echo "memory and codec done after $SECONDS s"
-}
+h200_memory_codec
 for v in ROW_PAD=0 SWIZZLE=1; do
   [ $(left) -lt 120 ] && break
   timeout 60 ncu --clock-control none --nvtx --nvtx-include "prof/" --section SourceCounters -o /tmp/src_$v -f \
