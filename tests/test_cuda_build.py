@@ -81,8 +81,7 @@ def test_spec_entries_builds_within_the_planned_cap_and_changes_the_kernel(tmp_p
 
 
 @pytest.mark.parametrize("d,w,streams", [(128, 4, 128), (256, 4, 16)])
-def test_row_pad_and_merge_batch_build_within_the_planned_cap_and_change_the_kernel(tmp_path, monkeypatch, d, w,
-                                                                                    streams):
+def test_twin_lab_defines_build_within_the_planned_cap_and_change_the_kernel(tmp_path, monkeypatch, d, w, streams):
     """The twin's other lab defines (attend.cuh, shared with the v4 kernel): ROW_PAD=0 (staged rows unpadded),
     SWIZZLE=1 (unpadded rows, XOR-permuted chunks) and MERGE_BATCH=1 / 2 build at the planner's launches within the
     register cap without local memory, each changes the cubin; a padding the host does not size shared memory for,

@@ -92,8 +92,9 @@ def test_sixteen_warps_per_sm_fit_128_registers(tmp_path, warps, ctas):
 @pytest.mark.parametrize("name", ["SPEC_TABLE", "ARRIVE_RELEASE", "MERGE_BATCH", "EARLY_LOADS"])
 def test_lab_defines_build_without_spills_and_change_the_kernel(tmp_path, name):
     """The kernel defines that GPU calls A/B (ARRIVE_RELEASE on by default since call Y14, SPEC_TABLE and EARLY_LOADS
-    since call Y19, MERGE_BATCH off) build at the planned d = 128 and d = 256 launches within their register caps both ways, and
-    each changes the cubin (a define that compiled to nothing would A/B noise)."""
+    since call Y19, MERGE_BATCH off; its values 1 and 2 both built) build at the planned d = 128 and d = 256 launches
+    within their register caps every way, and each value changes the cubin (a define that compiled to nothing would
+    A/B noise)."""
     for d, w in ((128, 8), (256, 4)):
         defines = dict(HEAD_DIM=d, QUERY_GROUP=4, PAGE=64, WARPS=w, STAGES=2, MIN_CTAS_PER_SM=1, CONST_REGS=1,
                        MERGE_CHUNK=16)

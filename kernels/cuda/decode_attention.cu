@@ -56,7 +56,8 @@ constexpr int STAGE_ELEMS = TILE * ROW;
 
 static_assert(T % 16 == 0, "PAGE must be a multiple of 16");
 static_assert(S >= 2 || (S == 1 && LOADER == 0), "STAGES must be >= 2 (1 only with the cp.async loader)");
-static_assert(!SWIZZLE || LOADER == 0, "SWIZZLE permutes chunks within a row: the cp.async loader only (a bulk copy writes a row whole)");
+static_assert(!SWIZZLE || LOADER == 0,
+              "SWIZZLE permutes chunks within a row: the cp.async loader only (a bulk copy writes a row whole)");
 static_assert((16 * CPR) % 32 == 0, "a warp's 16 rows must spread evenly over its lanes");
 
 // Where a warp's 16 rows [tok0, tok0 + 16) start in K and V. tok0 is a multiple of 16 and so is T,

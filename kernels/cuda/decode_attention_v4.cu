@@ -242,7 +242,7 @@ __device__ __forceinline__ Src tile_src(const unsigned char* pool, const u16* ta
 }
 
 #ifndef EARLY_LOADS
-#define EARLY_LOADS 1  // on since call Y19 (H100 A/B with SPEC_TABLE, lab/results/v4_ab_h100_y19.json); 0 = the loads after
+#define EARLY_LOADS 1  // on since call Y19 (H100 A/B with SPEC_TABLE, lab/results/v4_ab_h100_y19.json); 0: later
 #endif
 // EARLY_LOADS=1: the prologue's chains (stamps, lab/results/stamps_buffered_y14_h100.json, Gemma3 B=1 4K: the prologue
 // 4.0 us and the first tile staged at 4.1) are lengths -> table entries -> tile copy and lengths -> table entries ->
@@ -251,7 +251,7 @@ __device__ __forceinline__ Src tile_src(const unsigned char* pool, const u16* ta
 // entry too, so both chains are two trips. Costs registers in the prologue only (the bytes wait in registers until the
 // first copies are issued; d = 256 at 4 warps: 32).
 #ifndef SPEC_TABLE
-#define SPEC_TABLE 1  // on since call Y19 (with EARLY_LOADS: -4% at 16K, +-0.2% at 64K, bit-identical); 0 = the plain lookup
+#define SPEC_TABLE 1  // on since call Y19 (with EARLY_LOADS: -4% at 16K, +-0.2% at 64K, bit-identical); 0: plain
 #endif
 // The first window's table entries, read at the split's nominal start (split * tokens_per_split) before the sequence's
 // lengths are known: without them the first lookup waits on num_blocks / kv_start and then on the table, two

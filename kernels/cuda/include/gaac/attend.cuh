@@ -239,7 +239,7 @@ __device__ __forceinline__ void store_item(const Output& dst, int head, int d4, 
 #define MERGE_CHUNK 0
 #endif
 #ifndef MERGE_BATCH
-#define MERGE_BATCH 0  // lab A/B: 1 = a merge's loads in batches of 16, 2 = runs of 16, 8, 4, 2, 1 (merge_splits says why)
+#define MERGE_BATCH 0  // lab A/B: 1 = loads in batches of 16, 2 = runs of 16, 8, 4, 2, 1 (merge_splits says why)
 #endif
 
 // threadFenceReduction arrival: every thread of the CTA calls it after its stores; true in the CTA
