@@ -85,7 +85,7 @@ def test_twin_lab_defines_build_within_the_planned_cap_and_change_the_kernel(tmp
     """The twin's other lab defines (attend.cuh, shared with the v4 kernel): ROW_PAD=0 (staged rows unpadded),
     SWIZZLE=1 (unpadded rows, XOR-permuted chunks) and MERGE_BATCH=1 / 2 build at the planner's launches within the
     register cap without local memory, each changes the cubin; a padding the host does not size shared memory for,
-    and SWIZZLE with the bulk-copy loader, are refused at compile time."""
+    SWIZZLE with the bulk-copy loader or a head_dim not a multiple of 64, are refused at compile time."""
     from gaac_hf.kernels.cuda import attention as A
 
     monkeypatch.setattr(A, "_sm_count", lambda device: 132)
@@ -103,6 +103,10 @@ def test_twin_lab_defines_build_within_the_planned_cap_and_change_the_kernel(tmp
     res = subprocess.run(runtime.nvcc_command(SOURCE, dict(defines, SWIZZLE=1, LOADER=1), "sm_90a",
                                               str(tmp_path / "k.cubin")), capture_output=True, text=True)
     assert res.returncode != 0 and "SWIZZLE" in res.stdout + res.stderr
+    # chunk ^ (r & 7) stays inside the row only when the row is whole 128-byte groups (80, 96, 112 are not)
+    res = subprocess.run(runtime.nvcc_command(SOURCE, dict(defines, SWIZZLE=1, HEAD_DIM=80), "sm_90a",
+                                              str(tmp_path / "k.cubin")), capture_output=True, text=True)
+    assert res.returncode != 0 and "HEAD_DIM % 64" in res.stdout + res.stderr
 
 
 @pytest.mark.parametrize("d,w,streams", [(128, 4, 128), (64, 8, 48)])

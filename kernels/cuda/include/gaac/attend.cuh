@@ -28,7 +28,7 @@ static_assert(ROW_PAD % 8 == 0 && ROW_PAD <= 8, "ROW_PAD: 0 or 8 b16 (the host s
 #ifndef SWIZZLE
 #define SWIZZLE 0  // lab define (session 34): staged rows unpadded, their 16-byte chunks XOR-permuted (chunk_at)
 #endif
-static_assert(!SWIZZLE || D >= 64, "SWIZZLE permutes 8 chunks of 16 B within a row: HEAD_DIM >= 64");
+static_assert(!SWIZZLE || D % 64 == 0, "SWIZZLE permutes chunks within 128-byte groups of a row: HEAD_DIM % 64 == 0");
 // smem row stride in b16: +16 B keeps ldmatrix conflict-free; SWIZZLE instead keeps rows unpadded (every row starts
 // on a 128-byte line, so a warp's 512-byte copy fills 4 whole lines) and stores chunk j of row r at chunk
 // j ^ (r & 7): the 8 rows one ldmatrix reads at the same chunk land on 8 different 16-byte bank groups (the
