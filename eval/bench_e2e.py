@@ -29,7 +29,7 @@ import statistics
 import sys
 import time
 from collections import defaultdict
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 
 import torch
 from pathlib import Path
@@ -397,6 +397,9 @@ def main(argv=None):
                    help="with --graphs, leave out transformers' StaticCache replayed from a graph (its own prefill)")
     p.add_argument("--graphs", action="store_true",
                    help="also time CUDA-graph replays of the decode step (GAAC graph mode; stock StaticCache)")
+    p.add_argument("--compile-ops", action="store_true",
+                   help="the model's RMSNorm, rotary embedding and SiLU-gate torch.compile'd for every cache kind "
+                        "(eval/compiled_ops.py): fewer kernels per step, the caches untouched")
     p.add_argument("--tiny", action="store_true", help="2-layer model on the CPU: checks the script, measures nothing")
     args = p.parse_args(argv)
     args.fused = {"true": True, "false": False, "auto": "auto"}[args.fused]
@@ -424,6 +427,16 @@ def main(argv=None):
         "rows": [], "skipped": [],
     }
     cases = [(b, s) for s in args.contexts for b in args.batches]
+    with ExitStack() as stack:
+        if args.compile_ops:
+            from compiled_ops import compiled_qwen3_ops
+
+            out["compiled_ops"] = stack.enter_context(compiled_qwen3_ops(model))
+        run_cases(model, table, cases, dev, args, out, t_start)
+    print_table(out, args)
+
+
+def run_cases(model, table, cases, dev, args, out, t_start):
     for B, S in cases:
         if time.time() - t_start > args.budget_s:
             out["skipped"].append({"batch": B, "context": S, "why": "time budget"})
@@ -439,6 +452,9 @@ def main(argv=None):
         out["sdpa_calls"] = dict(STATIC_CALLS)
         print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items() if not isinstance(v, dict)}), flush=True)
         harness.write_result(args.out, out)
+
+
+def print_table(out, args):
     print(f"{'B':>2} {'ctx':>6} {'wall fa2':>9} {'cudnn':>8} {'st-cudnn':>8} {'gaac':>8} {'gpu fa2':>8} {'cudnn':>8} {'st-cudnn':>8} {'gaac':>8} {'ideal':>6} {'prefill+':>8}")
     for r in out["rows"]:
         if "error" in r:

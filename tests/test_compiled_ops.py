@@ -1,0 +1,68 @@
+"""eval/compiled_ops.py (bench_e2e --compile-ops): the Qwen3 model's element-wise ops compiled for every cache kind
+alike. CPU, tiny random model: the patch engages torch.compile, keeps the model's arithmetic within BF16 rounding of
+the eager ops, leaves GAAC's logits bit-identical to a BF16 DynamicCache's under the same patch, and is undone."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+EVAL = Path(__file__).resolve().parents[1] / "eval"
+
+
+@pytest.fixture(scope="module")
+def mods():
+    sys.path.insert(0, str(EVAL))
+    try:
+        import bench_e2e
+        import compiled_ops
+    finally:
+        sys.path.remove(str(EVAL))
+    return bench_e2e, compiled_ops
+
+
+def test_compiled_ops_engage_match_eager_and_are_undone(mods):
+    bench, co = mods
+    from torch._dynamo.utils import counters
+    from transformers import DynamicCache
+
+    import gaac_hf
+    from gaac_hf.models import cache_kwargs
+
+    model = bench.build_model(torch.device("cpu"), tiny=True)
+    table = bench.calibrate_random(model, torch.device("cpu"), tokens=256)
+    g = torch.Generator().manual_seed(3)
+    ids, nxt = torch.randint(0, 512, (2, 130), generator=g), torch.randint(0, 512, (2, 1), generator=g)
+    pos = torch.full((2, 1), 130)
+
+    def logits(cache):  # prefill and one decode step (two 64-token blocks encoded, a 2-token tail)
+        model(ids, **cache_kwargs(model, cache))
+        return model(nxt, **cache_kwargs(model, cache), position_ids=pos).logits
+
+    gaac_hf.register()
+    with torch.no_grad():
+        model.set_attn_implementation("sdpa")
+        eager = logits(DynamicCache(config=model.config))
+        graphs_before = counters["stats"]["unique_graphs"]
+        with co.compiled_qwen3_ops(model) as names:
+            compiled = logits(DynamicCache(config=model.config))
+            model.set_attn_implementation("gaac")
+            compiled_gaac = logits(gaac_hf.GAACCache(model.config, calibration=table))
+            model.set_attn_implementation("sdpa")
+        after = logits(DynamicCache(config=model.config))
+    assert len(names) == 3 and counters["stats"]["unique_graphs"] > graphs_before  # torch.compile ran
+    assert torch.equal(compiled_gaac.view(torch.int16), compiled.view(torch.int16))  # the cache stays lossless
+    torch.testing.assert_close(compiled.float(), eager.float(), atol=0.05, rtol=0.05)  # BF16 rounding order only
+    assert torch.equal(after.view(torch.int16), eager.view(torch.int16))  # the patch is undone
+
+
+def test_compiled_ops_refuse_another_model_family(mods):
+    _, co = mods
+    from types import SimpleNamespace
+
+    model = SimpleNamespace(config=SimpleNamespace(model_type="llama", hidden_act="silu"))
+    with pytest.raises(ValueError, match="Qwen3"):
+        with co.compiled_qwen3_ops(model):
+            pass
