@@ -92,7 +92,7 @@ def test_sixteen_warps_per_sm_fit_128_registers(tmp_path, warps, ctas):
 @pytest.mark.parametrize("name", ["SPEC_TABLE", "ARRIVE_RELEASE", "MERGE_BATCH", "EARLY_LOADS"])
 def test_lab_defines_build_without_spills_and_change_the_kernel(tmp_path, name):
     """The kernel defines that GPU calls A/B (ARRIVE_RELEASE on by default since call Y14, SPEC_TABLE and EARLY_LOADS
-    since call Y19, MERGE_BATCH off; its values 1 and 2 both built) build at the planned d = 128 and d = 256 launches
+    since call Y19, MERGE_BATCH chosen by head_dim by the planner since call Y21; its values 1 and 2 both built) build at the planned d = 128 and d = 256 launches
     within their register caps every way, and each value changes the cubin (a define that compiled to nothing would
     A/B noise)."""
     for d, w in ((128, 8), (256, 4)):
@@ -138,6 +138,8 @@ def test_planner_rules(monkeypatch):
     assert p["splits"] <= 32  # an asked count is a ceiling
     for d in (64, 128, 256):  # the defaults keep full slots (no second copy on BF16 tiles)
         assert F4.plan(1, 1, 4, 64, d, 65536 + 64, None, LaunchConfig())["defines"]["COMPACT_SLOTS"] == 0
+    for d, batch in ((64, 0), (80, 0), (112, 0), (128, 2), (256, 2)):  # merge load runs where calls Y20 / Y21 gained
+        assert F4.plan(1, 1, 4, 64, d, 16384 + 64, None, LaunchConfig())["defines"]["MERGE_BATCH"] == batch, d
     p = F4.plan(1, 1, 4, 64, 256, 16384 + 64, None, LaunchConfig(num_warps=8))  # 270 KB of full slots: compact
     assert p["defines"]["COMPACT_SLOTS"] == 1 and p["smem"] == 8192 + 8 * 2 * 2 * (24 * 256 + 32)
     with pytest.raises(ValueError, match="even with compact slots"):

@@ -55,6 +55,16 @@ def const_regs_fit(head_dim: int, warps: int, ctas_per_sm: int) -> bool:
     return head_dim >= 128 and 32 * warps * ctas_per_sm <= 256
 
 
+def merge_batch(head_dim: int) -> int:
+    """The split merge's load batching (attend.cuh ``MERGE_BATCH``): 2 (runs of 16, 8, 4, 2, 1 loads in flight) at
+    d >= 128, 0 (one load per FMA group in the remainder) at d < 128. Two H100 A/Bs, every row bit-identical:
+    at d = 128 / 256 it cuts the short calls, where the merge's L2 round trips are a large share (Gemma3 B=1 4K -8.6%
+    / -8.7%, 16K -9.8% / -12.0%, Qwen3 B=1 4K -10.4%, 16K -4.7% / -5.6%; 64K within 0.2%), at d = 64 it costs
+    up to 2.4% (SmolLM2 B=1 4K +1.4% / +2.4%, 16K -0.4% / +1.1%, 32K -4.1%): ``lab/results/merge_ab_h100_y20.json``,
+    ``lab/results/merge2_ab_h100_y21.json``."""
+    return 2 if head_dim >= 128 else 0
+
+
 def tile_bytes(d: int) -> int:
     return 24 * d + 32
 
@@ -129,7 +139,7 @@ def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, 
         raise ValueError(f"{splits} splits x {group} heads do not fit the merge in shared memory")
     defines = dict(HEAD_DIM=head_dim, QUERY_GROUP=group, PAGE=block_size, WARPS=warps, STAGES=stages,
                    MIN_CTAS_PER_SM=per_sm, CONST_REGS=int(const_regs_fit(head_dim, warps, per_sm)),
-                   COMPACT_SLOTS=int(compact))
+                   COMPACT_SLOTS=int(compact), MERGE_BATCH=merge_batch(head_dim))
     return dict(defines=defines, smem=smem, splits=splits, tokens_per_split=tps, threads=32 * warps, warps=warps)
 
 
