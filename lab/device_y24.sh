@@ -1,11 +1,20 @@
 #!/bin/bash
-# Session 35, call Y24: after the v4 planner's MERGE_BATCH=2 at head_dim >= 128 (issue 15: the short rows; call Y21's
+# Session 35, call Y24: call Y21's sector question once more (PLAIN_COPY=1's counters and A/B); after the v4 planner's MERGE_BATCH=2 at head_dim >= 128 (issue 15: the short rows; call Y21's
 # A/B): the GPU tests of both kernels, the v4 grid (H100: eval/results/attention_h100.json; H200: attention_h200.json),
 # then call Y23's end-to-end step with the model's ops compiled (issue 15's graph wall / GPU) with what is left.
 # Usage: $0 <commit> <seconds>. Prediction: notebook ("Call Y24 prediction").
 LIMIT=$2
 source lab/device_env.sh
 h200_memory_codec
+# PLAIN_COPY=1 (twin lab define): whole tiles copied without cp.async's src-size operand. Its per-SASS sectors, then A/B
+timeout 60 ncu --clock-control none --nvtx --nvtx-include "prof/" --section SourceCounters -o /tmp/src_pc -f \
+  python3 lab/experiments/twin_ncu_one.py qwen3-8b:4:65536 twin PLAIN_COPY=1 > /tmp/ncu_src.log 2>&1
+ncu -i /tmp/src_pc.ncu-rep --page source --csv --print-source sass > /tmp/src.csv 2>&1
+python3 lab/ncu_sectors_per_sass.py /tmp/src.csv > $OUT/sectors_sass_twin_PLAIN_COPY_1.txt 2>&1
+tail -1 $OUT/sectors_sass_twin_PLAIN_COPY_1.txt | cut -c1-700; grep LDGSTS $OUT/sectors_sass_twin_PLAIN_COPY_1.txt | head -3 | cut -c1-330
+timeout 60 python3 lab/experiments/twin_define_ab.py --out $OUT/twin_plaincopy_$GPU.json \
+  --cases qwen3-8b:4:65536 qwen3-8b:16:32768 qwen3-8b:1:65536 --variants "" PLAIN_COPY=1 2>&1 | grep -E "B=|wrote|rror"
+echo "plain copy done after $SECONDS s"
 gpu_tests 170
 [ $(left) -gt 100 ] && timeout 90 python3 eval/bench_attention_v4.py --budget-s 70 \
   --out $OUT/attention_$GPU.json > $OUT/grid.log 2>&1; tail -2 $OUT/grid.log; echo "grid done after $SECONDS s"

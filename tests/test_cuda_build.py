@@ -83,7 +83,7 @@ def test_spec_entries_builds_within_the_planned_cap_and_changes_the_kernel(tmp_p
 @pytest.mark.parametrize("d,w,streams", [(128, 4, 128), (256, 4, 16)])
 def test_twin_lab_defines_build_within_the_planned_cap_and_change_the_kernel(tmp_path, monkeypatch, d, w, streams):
     """The twin's other lab defines (attend.cuh, shared with the v4 kernel): ROW_PAD=0 (staged rows unpadded),
-    SWIZZLE=1 (unpadded rows, XOR-permuted chunks) and MERGE_BATCH=1 / 2 build at the planner's launches within the
+    SWIZZLE=1 (unpadded rows, XOR-permuted chunks), MERGE_BATCH=1 / 2 and PLAIN_COPY=1 build at the planner's launches within the
     register cap without local memory, each changes the cubin; a padding the host does not size shared memory for,
     SWIZZLE with the bulk-copy loader or a head_dim not a multiple of 64, are refused at compile time."""
     from gaac_hf.kernels.cuda import attention as A
@@ -93,7 +93,7 @@ def test_twin_lab_defines_build_within_the_planned_cap_and_change_the_kernel(tmp
     defines = dict(p["defines"], MERGE_CHUNK=A.merge_chunk(4, p["splits"], d))
     cap = min(255, 65536 // (p["threads"] * defines["MIN_CTAS_PER_SM"]) // 8 * 8)
     cubins = []
-    for extra in ({}, dict(ROW_PAD=0), dict(SWIZZLE=1), dict(MERGE_BATCH=1), dict(MERGE_BATCH=2)):
+    for extra in ({}, dict(ROW_PAD=0), dict(SWIZZLE=1), dict(MERGE_BATCH=1), dict(MERGE_BATCH=2), dict(PLAIN_COPY=1)):
         assert runtime.resource_problems(_build(tmp_path, dict(defines, **extra)), cap) == [], extra
         cubins.append((tmp_path / "k.cubin").read_bytes())
     assert len(set(cubins)) == len(cubins), d

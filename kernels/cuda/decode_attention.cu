@@ -38,6 +38,9 @@
 #ifndef LOADER  // 0: cp.async 16 B per lane; 1: the copy engine (cp.async.bulk, one row per lane)
 #define LOADER 0
 #endif
+#ifndef PLAIN_COPY  // lab define (session 35): call Y21's per-SASS counters show the twin's copies asking L2 for 24
+#define PLAIN_COPY 0  // (padded rows) or 32 (unpadded) sectors per 512 B where FA2's ask 16; FA2 predicates whole
+#endif                // copies off, ours always pass a src-size (zero fill): 1 drops it on tiles whose rows are all valid
 
 namespace {
 using namespace gaac;
@@ -109,6 +112,19 @@ __device__ __forceinline__ void issue_rows(u16* sk, u16* sv, const PagedRows<T, 
                                            const PagedRows<T, D>& vp, StageSrc src, int tok0, int lo,
                                            int hi, int lane) {
   constexpr int PER_LANE = 16 * CPR / 32;
+#if PLAIN_COPY
+  if (tok0 >= lo && tok0 + 16 <= hi) {  // warp-uniform: every row valid, copies without the src-size operand
+#pragma unroll
+    for (int i = 0; i < PER_LANE; ++i) {
+      const int c = lane + i * 32;
+      const int r = c / CPR;
+      const int at = r * ROW + 8 * attend::chunk_at(r, c % CPR), col = (c % CPR) * 8;
+      cp_async16_full(sk + at, src.k + r * D + col);
+      cp_async16_full(sv + at, src.v + r * D + col);
+    }
+    return;
+  }
+#endif
 #pragma unroll
   for (int i = 0; i < PER_LANE; ++i) {
     const int c = lane + i * 32;

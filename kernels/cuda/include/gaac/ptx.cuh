@@ -33,6 +33,10 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_b
   asm volatile("cp.async.cg.shared.global" GAAC_L2_HINT " [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
                "r"(src_bytes));
 }
+// The same copy without the src-size operand (every byte read): PLAIN_COPY's whole tiles (decode_attention.cu).
+__device__ __forceinline__ void cp_async16_full(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global" GAAC_L2_HINT " [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src));
+}
 // 4- or 8-byte asynchronous global->shared copy through L1 (.ca; .cg takes 16 bytes only): small
 // metadata (block-table entries, segment-table words) staged without a register waiting on it.
 template <int N>
