@@ -239,8 +239,8 @@ __device__ __forceinline__ void store_item(const Output& dst, int head, int d4, 
 #define MERGE_CHUNK 0
 #endif
 #ifndef MERGE_BATCH
-#define MERGE_BATCH 0  // lab A/B: 1 = loads in batches of 16, 2 = runs of 16, 8, 4, 2, 1 (merge_splits says why)
-#endif
+#define MERGE_BATCH 0  // 1 = loads in batches of 16, 2 = runs of 16, 8, 4, 2, 1 (merge_splits says why); the v4
+#endif                 // planner passes 2 at head_dim >= 128 (fused_attention_v4.merge_batch), the twin keeps 0
 
 // threadFenceReduction arrival: every thread of the CTA calls it after its stores; true in the CTA
 // whose arrival brings *counter to `total` (that CTA resets it to zero for the next call and for
