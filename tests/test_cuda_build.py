@@ -82,10 +82,11 @@ def test_spec_entries_builds_within_the_planned_cap_and_changes_the_kernel(tmp_p
 
 @pytest.mark.parametrize("d,w,streams", [(128, 4, 128), (256, 4, 16)])
 def test_twin_lab_defines_build_within_the_planned_cap_and_change_the_kernel(tmp_path, monkeypatch, d, w, streams):
-    """The twin's other lab defines (attend.cuh, shared with the v4 kernel): ROW_PAD=0 (staged rows unpadded),
-    SWIZZLE=1 (unpadded rows, XOR-permuted chunks), MERGE_BATCH=1 / 2 and PLAIN_COPY=1 build at the planner's launches within the
-    register cap without local memory, each changes the cubin; a padding the host does not size shared memory for,
-    SWIZZLE with the bulk-copy loader or a head_dim not a multiple of 64, are refused at compile time."""
+    """The twin's other lab defines (attend.cuh, shared with the v4 kernel, and decode_attention.cu): ROW_PAD=0
+    (staged rows unpadded), SWIZZLE=1 (unpadded rows, XOR-permuted chunks), MERGE_BATCH=1 / 2, PLAIN_COPY=1 and
+    COPY_QUADS=1 (alone and swizzled) build at the planner's launches within the register cap without local memory,
+    each changes the cubin; a padding the host does not size shared memory for, SWIZZLE with the bulk-copy loader, and
+    SWIZZLE or COPY_QUADS at a head_dim not a multiple of 64, are refused at compile time."""
     from gaac_hf.kernels.cuda import attention as A
 
     monkeypatch.setattr(A, "_sm_count", lambda device: 132)
@@ -93,7 +94,8 @@ def test_twin_lab_defines_build_within_the_planned_cap_and_change_the_kernel(tmp
     defines = dict(p["defines"], MERGE_CHUNK=A.merge_chunk(4, p["splits"], d))
     cap = min(255, 65536 // (p["threads"] * defines["MIN_CTAS_PER_SM"]) // 8 * 8)
     cubins = []
-    for extra in ({}, dict(ROW_PAD=0), dict(SWIZZLE=1), dict(MERGE_BATCH=1), dict(MERGE_BATCH=2), dict(PLAIN_COPY=1)):
+    for extra in ({}, dict(ROW_PAD=0), dict(SWIZZLE=1), dict(MERGE_BATCH=1), dict(MERGE_BATCH=2), dict(PLAIN_COPY=1),
+                  dict(COPY_QUADS=1), dict(COPY_QUADS=1, SWIZZLE=1)):
         assert runtime.resource_problems(_build(tmp_path, dict(defines, **extra)), cap) == [], extra
         cubins.append((tmp_path / "k.cubin").read_bytes())
     assert len(set(cubins)) == len(cubins), d
@@ -107,6 +109,9 @@ def test_twin_lab_defines_build_within_the_planned_cap_and_change_the_kernel(tmp
     res = subprocess.run(runtime.nvcc_command(SOURCE, dict(defines, SWIZZLE=1, HEAD_DIM=80), "sm_90a",
                                               str(tmp_path / "k.cubin")), capture_output=True, text=True)
     assert res.returncode != 0 and "HEAD_DIM % 64" in res.stdout + res.stderr
+    res = subprocess.run(runtime.nvcc_command(SOURCE, dict(defines, COPY_QUADS=1, HEAD_DIM=80), "sm_90a",
+                                              str(tmp_path / "k.cubin")), capture_output=True, text=True)
+    assert res.returncode != 0 and "COPY_QUADS" in res.stdout + res.stderr
 
 
 @pytest.mark.parametrize("d,w,streams", [(128, 4, 128), (64, 8, 48)])

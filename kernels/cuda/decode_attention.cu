@@ -38,9 +38,13 @@
 #ifndef LOADER  // 0: cp.async 16 B per lane; 1: the copy engine (cp.async.bulk, one row per lane)
 #define LOADER 0
 #endif
-#ifndef PLAIN_COPY  // lab define (session 35): call Y21's per-SASS counters show the twin's copies asking L2 for 24
-#define PLAIN_COPY 0  // (padded rows) or 32 (unpadded) sectors per 512 B where FA2's ask 16; FA2 predicates whole
-#endif                // copies off, ours always pass a src-size (zero fill): 1 drops it on tiles whose rows are all valid
+#ifndef COPY_QUADS  // lab define (session 35): copy_slot's 4 rows x 128 B per copy instruction
+#define COPY_QUADS 0
+#endif
+static_assert(!COPY_QUADS || HEAD_DIM % 64 == 0, "COPY_QUADS copies 128-byte groups of a row: HEAD_DIM % 64 == 0");
+#ifndef PLAIN_COPY  // lab define (session 35): 1 copies tiles whose rows are all valid without cp.async's src-size
+#define PLAIN_COPY 0  // (zero-fill) operand, as FA2 predicates copies instead. Call Y24 (H200): its copies still ask
+#endif                // L2 for 24 sectors per 512 B (FA2's: 16) and the time moved 0.1-0.3%: off
 
 namespace {
 using namespace gaac;
@@ -105,6 +109,22 @@ struct Spec {
   }
 };
 
+// Which 16-byte chunk of which of the warp's 16 rows lane `lane` copies in its copy instruction i (0 .. CPR / 2 - 1).
+// Default: the warp's 32 chunks of one instruction run along the rows (2 rows x 256 B at d = 128). COPY_QUADS (lab
+// define, session 35): 4 rows x 128 B per instruction, the pattern FA2's copies have (its 64-column shared-memory
+// tiles), whose requests Nsight Compute counts at 16 L2 sectors per 512 B where ours count 24 (calls Y20, Y21, Y24).
+__device__ __forceinline__ void copy_slot(int i, int lane, int& r, int& chunk) {
+#if COPY_QUADS
+  constexpr int G8 = CPR / 8;  // 128-byte groups per row
+  r = (i / G8) * 4 + lane / 8;
+  chunk = (i % G8) * 8 + lane % 8;
+#else
+  const int c = lane + i * 32;
+  r = c / CPR;
+  chunk = c % CPR;
+#endif
+}
+
 // Stage one warp's 16 rows [tok0, tok0 + 16) of K and V into shared memory (its own rows of the
 // stage: warps never read each other's rows, so each warp runs its own ring and waits for its own
 // copies; no CTA barrier per stage). Rows outside [lo, hi) are written as zeros.
@@ -116,9 +136,9 @@ __device__ __forceinline__ void issue_rows(u16* sk, u16* sv, const PagedRows<T, 
   if (tok0 >= lo && tok0 + 16 <= hi) {  // warp-uniform: every row valid, copies without the src-size operand
 #pragma unroll
     for (int i = 0; i < PER_LANE; ++i) {
-      const int c = lane + i * 32;
-      const int r = c / CPR;
-      const int at = r * ROW + 8 * attend::chunk_at(r, c % CPR), col = (c % CPR) * 8;
+      int r, chunk;
+      copy_slot(i, lane, r, chunk);
+      const int at = r * ROW + 8 * attend::chunk_at(r, chunk), col = chunk * 8;
       cp_async16_full(sk + at, src.k + r * D + col);
       cp_async16_full(sv + at, src.v + r * D + col);
     }
@@ -127,16 +147,16 @@ __device__ __forceinline__ void issue_rows(u16* sk, u16* sv, const PagedRows<T, 
 #endif
 #pragma unroll
   for (int i = 0; i < PER_LANE; ++i) {
-    const int c = lane + i * 32;
-    const int r = c / CPR;
-    const int col = (c % CPR) * 8;
+    int r, chunk;
+    copy_slot(i, lane, r, chunk);
+    const int col = chunk * 8;
     const int p = tok0 + r;
     const bool ok = p >= lo && p < hi;
     const u16* ks = src.k + r * D;
     const u16* vs = src.v + r * D;
     // a masked row reads nothing (src-size 0) but still gets a valid address
 #if SWIZZLE
-    const int at = r * ROW + 8 * attend::chunk_at(r, c % CPR);
+    const int at = r * ROW + 8 * attend::chunk_at(r, chunk);
     cp_async16(sk + at, ok ? ks + col : kp.tail, ok ? 16 : 0);
     cp_async16(sv + at, ok ? vs + col : vp.tail, ok ? 16 : 0);
 #else
