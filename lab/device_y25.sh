@@ -23,6 +23,10 @@ timeout 70 python3 lab/experiments/twin_define_ab.py --out $OUT/twin_quads_$GPU.
   --cases qwen3-8b:4:65536 qwen3-8b:16:32768 qwen3-8b:1:65536 --variants "" COPY_QUADS=1 "COPY_QUADS=1,SWIZZLE=1" \
   2>&1 | grep -E "B=|wrote|rror"
 echo "quads done after $SECONDS s"
+# (3b) issue 15's one attention target left, Qwen3 128K B=1 shuffled (1.175x, in order 1.216x): a third stage per warp
+# (more compressed bytes in flight per SM on the H200's longer memory pipe); bit-checked against the twin
+timeout 50 python3 lab/experiments/v4_define_ab.py --out $OUT/v4_stages_$GPU.json \
+  --cases qwen3-8b:1:131072 qwen3-8b:1:65536 qwen3-8b:4:65536 --variants "" launch=8:3:1 2>&1 | grep -E "B=|wrote|rror"
 [ $(left) -gt 170 ] && timeout $(( $(left) - 5 )) python3 eval/bench_e2e.py --contexts 65536 --batches 1 4 --steps 6 \
   --prof-steps 2 --prefill-reps 1 --skip-dynamic --skip-stock-graph --format-version 4 --budget-s $(( $(left) - 150 )) \
   --graphs --compile-ops --out $OUT/e2e_compiled_$GPU.json 2>&1 | grep -v Warn | tail -4
