@@ -229,19 +229,25 @@ def run_case(model, table, B, S, dev, args, progress=None):
                 if len(runner.graphs) == kinds or dev.type != "cuda":
                     break
             row[f"step_wall_us_{tag}"] = wall_us(step, args.steps)
-            row[f"step_gpu_us_{tag}"] = gpu_busy_us(step, args.prof_steps)
+            row[f"step_gpu_us_{tag}"] = gpu_busy_us(step, args.prof_steps, kernels=kernel_table(tag))
             # device span of a replay (events around it): kernels plus the gaps inside the graph
             row[f"step_span_us_{tag}"] = harness.span_us(step, args.steps)
         row[f"{tag}_replays"], row[f"{tag}_eager_steps"] = runner.replays, runner.eager_steps
         row[f"{tag}_kinds_captured"] = sorted(runner.graphs)
         runner.close()
 
+    def kernel_table(tag):
+        # --kernel-table: every kernel of the profiled steps with its time per step (where GPU time goes)
+        if not args.kernel_table:
+            return None
+        return row.setdefault("kernels", {}).setdefault(tag, {})
+
     def time_steps(tag, cache, ctx):
         step = decode_fn(cache, ctx)
         for _ in range(3):
             step()
         row[f"step_wall_us_{tag}"] = wall_us(step, args.steps)
-        row[f"step_gpu_us_{tag}"] = gpu_busy_us(step, args.prof_steps)
+        row[f"step_gpu_us_{tag}"] = gpu_busy_us(step, args.prof_steps, kernels=kernel_table(tag))
 
     if dev.type != "cuda":  # CPU smoke run: SDPA picks its math backend
         sdpa_kernel = lambda b: nullcontext()  # noqa: E731
@@ -400,6 +406,8 @@ def main(argv=None):
     p.add_argument("--compile-ops", action="store_true",
                    help="the model's RMSNorm, rotary embedding and SiLU-gate torch.compile'd for every cache kind "
                         "(eval/compiled_ops.py): fewer kernels per step, the caches untouched")
+    p.add_argument("--kernel-table", action="store_true",
+                   help="record each profiled kernel's time per step under row['kernels'][cache kind]")
     p.add_argument("--tiny", action="store_true", help="2-layer model on the CPU: checks the script, measures nothing")
     args = p.parse_args(argv)
     args.fused = {"true": True, "false": False, "auto": "auto"}[args.fused]

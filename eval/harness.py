@@ -157,9 +157,11 @@ def timeit_graph(fn, n=10, reps=15):
     return (med[0] - med[1]) / n * 1e3
 
 
-def gpu_busy_us(fn, steps: int = 10, warmup: bool = False) -> float:
+def gpu_busy_us(fn, steps: int = 10, warmup: bool = False, kernels: dict | None = None) -> float:
     """Sum of CUDA kernel time per call of fn, from the profiler (excludes launch gaps); NaN on the CPU
-    (after one call, so smoke runs still exercise fn)."""
+    (after one call, so smoke runs still exercise fn). With ``kernels`` (a dict), it is filled with
+    kernel name -> {"us": device time per call, "calls": launches per call}, longest first: where a
+    step's GPU time goes (what two cache kinds' steps spend beyond attention)."""
     from torch.profiler import ProfilerActivity, profile
 
     if not torch.cuda.is_available():
@@ -173,7 +175,11 @@ def gpu_busy_us(fn, steps: int = 10, warmup: bool = False) -> float:
         for _ in range(steps):
             fn()
         torch.cuda.synchronize()
-    return sum(e.self_device_time_total for e in prof.key_averages()) / steps
+    events = [e for e in prof.key_averages() if e.self_device_time_total > 0]
+    if kernels is not None:
+        for e in sorted(events, key=lambda e: -e.self_device_time_total):
+            kernels[e.key[:160]] = {"us": round(e.self_device_time_total / steps, 2), "calls": e.count / steps}
+    return sum(e.self_device_time_total for e in events) / steps
 
 
 def span_us(fn, steps: int) -> float:
