@@ -4,6 +4,8 @@ planner's split count and at forced counts, cuDNN beside it, same process.
 
     python lab/experiments/v4_splits_sweep.py --out $OUT/v4_splits_sweep.json
 """
+import os
+
 import torch
 import v4_lab  # noqa: F401 - the frame; puts eval/ on the path
 
@@ -14,6 +16,12 @@ CASES = [("gemma3", 1, c) for c in (4096, 16384, 32768, 65536)] + [("gemma3", 4,
         [("smollm2-135m", 1, c) for c in (4096, 16384, 32768, 65536)] + [("smollm2-135m", 4, 4096)] + \
         [("qwen3-8b", 1, 4096), ("qwen3-8b", 1, 16384)]
 SPLITS = (4, 8, 12, 16, 24, 32, 48, 64, 96, 132)
+# SWEEP_CASES="qwen3-8b:1:65536 qwen3-8b:4:65536" SWEEP_SPLITS="3 4 12 14 15 16": other cases / counts (session 36: does
+# the time at Qwen3 B=1 64K scale with the CTAs launched, i.e. would the 4 SMs the planner's 128 CTAs leave idle pay?)
+if os.environ.get("SWEEP_CASES"):
+    CASES = [(c.split(":")[0], int(c.split(":")[1]), int(c.split(":")[2])) for c in os.environ["SWEEP_CASES"].split()]
+if os.environ.get("SWEEP_SPLITS"):
+    SPLITS = tuple(int(x) for x in os.environ["SWEEP_SPLITS"].split())
 
 
 def measure(dev):
