@@ -403,9 +403,10 @@ def main(argv=None):
                    help="with --graphs, leave out transformers' StaticCache replayed from a graph (its own prefill)")
     p.add_argument("--graphs", action="store_true",
                    help="also time CUDA-graph replays of the decode step (GAAC graph mode; stock StaticCache)")
-    p.add_argument("--compile-ops", action="store_true",
+    p.add_argument("--compile-ops", nargs="?", const="ops", choices=("ops", "fused"), default=None,
                    help="the model's RMSNorm, rotary embedding and SiLU-gate torch.compile'd for every cache kind "
-                        "(eval/compiled_ops.py): fewer kernels per step, the caches untouched")
+                        "(eval/compiled_ops.py): fewer kernels per step, the caches untouched; 'fused' also stacks the "
+                        "q/k/v and gate/up projections and fuses the q/k norms and the post-attention add + norm")
     p.add_argument("--kernel-table", action="store_true",
                    help="record each profiled kernel's time per step under row['kernels'][cache kind]")
     p.add_argument("--tiny", action="store_true", help="2-layer model on the CPU: checks the script, measures nothing")
@@ -439,7 +440,7 @@ def main(argv=None):
         if args.compile_ops:
             from compiled_ops import compiled_qwen3_ops
 
-            out["compiled_ops"] = stack.enter_context(compiled_qwen3_ops(model))
+            out["compiled_ops"] = stack.enter_context(compiled_qwen3_ops(model, fuse=args.compile_ops == "fused"))
         run_cases(model, table, cases, dev, args, out, t_start)
     print_table(out, args)
 

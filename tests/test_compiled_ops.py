@@ -23,7 +23,8 @@ def mods():
     return bench_e2e, compiled_ops
 
 
-def test_compiled_ops_engage_match_eager_and_are_undone(mods):
+@pytest.mark.parametrize("fuse", [False, True], ids=["ops", "fused"])
+def test_compiled_ops_engage_match_eager_and_are_undone(mods, fuse):
     bench, co = mods
     from torch._dynamo.utils import counters
     from transformers import DynamicCache
@@ -41,21 +42,46 @@ def test_compiled_ops_engage_match_eager_and_are_undone(mods):
         model(ids, **cache_kwargs(model, cache))
         return model(nxt, **cache_kwargs(model, cache), position_ids=pos).logits
 
+    def forwards():  # every module's own forward (an instance attribute shadows the class's)
+        return [(mod, "forward" in vars(mod)) for mod in model.modules()]
+
     gaac_hf.register()
     with torch.no_grad():
         model.set_attn_implementation("sdpa")
         eager = logits(DynamicCache(config=model.config))
         graphs_before = counters["stats"]["unique_graphs"]
-        with co.compiled_qwen3_ops(model) as names:
+        before = forwards()
+        with co.compiled_qwen3_ops(model, fuse=fuse) as names:
+            fused_mods = sum(own for _, own in forwards())
             compiled = logits(DynamicCache(config=model.config))
             model.set_attn_implementation("gaac")
             compiled_gaac = logits(gaac_hf.GAACCache(model.config, calibration=table))
             model.set_attn_implementation("sdpa")
         after = logits(DynamicCache(config=model.config))
-    assert len(names) == 3 and counters["stats"]["unique_graphs"] > graphs_before  # torch.compile ran
+    assert len(names) == (7 if fuse else 3) and counters["stats"]["unique_graphs"] > graphs_before  # compile ran
+    # fused: per layer q_proj, k_proj, v_proj, q_norm, k_norm, the MLP and the layer itself take instance forwards
+    assert fused_mods == (7 * model.config.num_hidden_layers if fuse else 0)
     assert torch.equal(compiled_gaac.view(torch.int16), compiled.view(torch.int16))  # the cache stays lossless
     torch.testing.assert_close(compiled.float(), eager.float(), atol=0.05, rtol=0.05)  # BF16 rounding order only
-    assert torch.equal(after.view(torch.int16), eager.view(torch.int16))  # the patch is undone
+    assert forwards() == before  # the instance forwards are gone
+    assert torch.equal(after.view(torch.int16), eager.view(torch.int16))  # the patch is undone, the weights unchanged
+
+
+def test_fused_projections_split_the_stacked_gemm_as_the_three_linears(mods):
+    """The stacked q/k/v GEMM's slices are what each projection computes alone (up to the GEMM's summation order),
+    and each weight is a view of the stacked buffer with its own values (a wrong slice offset fails here)."""
+    _, co = mods
+    torch.manual_seed(0)
+    lins = [torch.nn.Linear(32, n, bias=False) for n in (16, 8, 8)]
+    x = torch.randn(3, 32)
+    alone = [lin(x) for lin in lins]
+    stacked = co._stack_weights(lins)
+    assert all(lin.weight.untyped_storage().data_ptr() == stacked.untyped_storage().data_ptr() for lin in lins)
+    out = torch.nn.functional.linear(x, stacked)
+    for got, want in zip((out[:, :16], out[:, 16:24], out[:, 24:]), alone):
+        torch.testing.assert_close(got, want)
+    with pytest.raises(ValueError, match="bias"):
+        co._stack_weights([torch.nn.Linear(4, 4, bias=True)])
 
 
 def test_compiled_ops_refuse_another_model_family(mods):
