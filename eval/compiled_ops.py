@@ -13,13 +13,14 @@ What is compiled (each once, as a free function of tensors, so the 36 layers sha
     rotary embedding (modeling_qwen3.apply_rotary_pos_emb)                  q [B, Hq, T, D], k [B, Hkv, T, D]
     SiLU(gate) * up (inside Qwen3MLP.forward; the three projections stay cuBLAS GEMMs)
 
-With ``fuse=True`` (``--compile-ops fused``) four more fusions cut a layer's kernels from ~19 to ~13, as serving
-engines lay out the same model (vLLM's fused QKV and gate-up projections, fused add + RMSNorm):
+With ``fuse=True`` (``--compile-ops fused``) more fusions cut a layer's kernels from ~19 to ~11, as serving engines
+lay out the same model (vLLM's fused QKV and gate-up projections; the residual add in the GEMM's epilogue):
     q_proj, k_proj, v_proj -> one GEMM over the three weights stacked (each projection's weight becomes a view of
         the stacked buffer: same values, no copy kept); k_proj / v_proj return their slices of it
     q_norm, k_norm folded into the compiled rotary embedding (norm then rotate, one kernel for q and k)
-    residual add + post-attention RMSNorm -> one compiled function (the decoder layer's forward swapped)
     gate_proj, up_proj -> one GEMM over the two weights stacked, SiLU(gate) * up on its halves
+    o_proj and down_proj with the residual add inside the GEMM (``torch.addmm(residual, x, W^T)``: cuBLAS adds the
+        residual in its epilogue; the decoder layer's forward swapped to hand them the residual)
 Every cache kind runs the same fused model, so the comparison between caches stays like for like; the logits move
 within BF16 rounding of the unfused model (a GEMM over stacked weights may sum in another order).
 
@@ -50,10 +51,9 @@ def _silu_mul_halves(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def _add_rms_norm(h: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
-    # the decoder layer's "residual + attention output", then the post-attention RMSNorm of the sum
-    s = residual + h
-    return _rms_norm(s, weight, eps), s
+def _linear_add(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """``residual + x @ weight^T`` as one GEMM with the add in its epilogue. x [..., K], weight [N, K], residual [..., N]."""
+    return torch.addmm(residual.reshape(-1, residual.shape[-1]), x.reshape(-1, x.shape[-1]), weight.t()).view(residual.shape)
 
 
 def _stack_weights(linears) -> torch.Tensor:
@@ -81,10 +81,9 @@ def _fused_layers(model, norms: dict):
     ``norms`` receives the q_norm / k_norm weights of the attention in flight; the rotary wrapper applies them."""
     from transformers.models.qwen3 import modeling_qwen3 as m
 
-    add_norm = torch.compile(_add_rms_norm)
     silu_halves = torch.compile(_silu_mul_halves)
     patched = []
-    pending: dict = {}  # what the stacked q/k/v GEMM left for k_proj and v_proj
+    pending: dict = {}  # what the stacked q/k/v GEMM left for k_proj and v_proj; the residuals of the layer in flight
 
     def setf(mod, fn):
         mod.forward = fn
@@ -100,10 +99,11 @@ def _fused_layers(model, norms: dict):
         return x
 
     def layer_forward(hidden_states, layer, **kwargs):
-        h, _ = layer.self_attn(hidden_states=layer.input_layernorm(hidden_states), **kwargs)
-        post = layer.post_attention_layernorm
-        h, residual = add_norm(h, hidden_states, post.weight, post.variance_epsilon)
-        return residual + layer.mlp(h)
+        # Qwen3DecoderLayer.forward with the two residual adds moved into o_proj's and down_proj's GEMMs
+        pending["residual"] = hidden_states
+        s, _ = layer.self_attn(hidden_states=layer.input_layernorm(hidden_states), **kwargs)  # residual + attention
+        pending["residual"] = s
+        return layer.mlp(layer.post_attention_layernorm(s))  # s + MLP
 
     for layer in [mod for mod in model.modules() if isinstance(mod, m.Qwen3DecoderLayer)]:
         attn, mlp = layer.self_attn, layer.mlp
@@ -115,11 +115,13 @@ def _fused_layers(model, norms: dict):
         setf(attn.v_proj, lambda x: pending.pop("v"))
         setf(attn.q_norm, lambda x, n=attn.q_norm: record("wq", n, x))
         setf(attn.k_norm, lambda x, n=attn.k_norm: record("wk", n, x))
-        setf(mlp, lambda x, mlp=mlp, gate_up=gate_up: mlp.down_proj(silu_halves(F.linear(x, gate_up))))
+        setf(attn.o_proj, lambda x, w=attn.o_proj.weight: _linear_add(x, w, pending.pop("residual")))
+        setf(mlp, lambda x, mlp=mlp, gate_up=gate_up: _linear_add(silu_halves(F.linear(x, gate_up)), mlp.down_proj.weight,
+                                                                   pending.pop("residual")))
         setf(layer, lambda hidden_states, layer=layer, **kw: layer_forward(hidden_states, layer, **kw))
     try:
-        yield ["q/k/v projections stacked", "q_norm / k_norm in the rotary embedding",
-               "residual add + post-attention RMSNorm", "gate / up projections stacked"]
+        yield ["q/k/v projections stacked", "q_norm / k_norm in the rotary embedding", "gate / up projections stacked",
+               "residual adds in the o_proj / down_proj GEMMs"]
     finally:
         for mod in patched:
             del mod.forward
@@ -130,7 +132,7 @@ def _fused_layers(model, norms: dict):
 @contextmanager
 def compiled_qwen3_ops(model, dynamic: bool = False, fuse: bool = False):
     """Swap Qwen3's RMSNorm, rotary embedding and SiLU-gate for torch.compile'd functions; restore them on exit.
-    ``fuse``: also the four fusions of the module docstring (fewer kernels per layer).
+    ``fuse``: also the fusions of the module docstring (fewer kernels per layer).
 
     Yields the list of names patched (recorded in the benchmark's JSON). Compilation happens on the first call at
     each new shape: run an eager step at the decode shape before capturing a CUDA graph.

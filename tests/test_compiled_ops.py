@@ -59,8 +59,8 @@ def test_compiled_ops_engage_match_eager_and_are_undone(mods, fuse):
             model.set_attn_implementation("sdpa")
         after = logits(DynamicCache(config=model.config))
     assert len(names) == (7 if fuse else 3) and counters["stats"]["unique_graphs"] > graphs_before  # compile ran
-    # fused: per layer q_proj, k_proj, v_proj, q_norm, k_norm, the MLP and the layer itself take instance forwards
-    assert fused_mods == (7 * model.config.num_hidden_layers if fuse else 0)
+    # fused: per layer q_proj, k_proj, v_proj, q_norm, k_norm, o_proj, the MLP and the layer itself take instance forwards
+    assert fused_mods == (8 * model.config.num_hidden_layers if fuse else 0)
     assert torch.equal(compiled_gaac.view(torch.int16), compiled.view(torch.int16))  # the cache stays lossless
     torch.testing.assert_close(compiled.float(), eager.float(), atol=0.05, rtol=0.05)  # BF16 rounding order only
     assert forwards() == before  # the instance forwards are gone
