@@ -10,6 +10,8 @@ LIMIT=${1:-560}
 source lab/device_env.sh >/dev/null 2>&1
 SWEEP_CASES="qwen3-8b:1:65536 qwen3-8b:1:131072 qwen3-8b:4:65536" SWEEP_SPLITS="3 4 12 14 15 16" timeout 50 python3 lab/experiments/v4_splits_sweep.py --out $OUT/v4_splits_qwen3_$GPU.json 2>&1 | grep qwen3
 timeout 50 python3 lab/experiments/v4_define_ab.py --out $OUT/v4_w4_$GPU.json --cases qwen3-8b:1:65536 qwen3-8b:1:131072 qwen3-8b:4:65536 --variants "" launch=4:2:2 launch=4:3:2 2>&1 | grep -E "B=|wrote|rror"
+# (1b) TLB_WARM=1 (v4 lab define, session 36): L2 prefetch of each tile's first K / V line when its window is looked up
+timeout 50 python3 lab/experiments/v4_define_ab.py --out $OUT/v4_tlbwarm_$GPU.json --cases qwen3-8b:1:131072 qwen3-8b:1:65536 qwen3-8b:4:65536 --variants "" TLB_WARM=1 2>&1 | grep -E "B=|wrote|rror"
 [ -f .kvdump/smollm2_kv_v3.pt ] && timeout 30 python3 lab/experiments/codec_v3_sweep.py --head-dims 64 128 256 --out $OUT/codec_v3_sweep_w2_$GPU.json --variants 4:8:2:128 2:4:2:256 2:4:1:256 2>&1 | grep -E "^d=|wrote"
 for level in fused ops; do
   [ $(left) -gt 150 ] && timeout $(( $(left) - 5 )) python3 eval/bench_e2e.py --contexts 65536 --batches 1 4 --steps 6 \
