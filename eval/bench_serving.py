@@ -10,6 +10,8 @@ the entry table), the same page size and batch limits, and the same requests (pr
 WikiText-2 on the CPU; random token ids for the random-init 8B-shaped model). Measured per engine:
 ``max_concurrent`` (most requests holding KV at one time, counted at the full-attention allocator),
 ``mean_decoding`` (requests in their decode phase averaged over the run, :func:`mean_decoding`),
+``max_decoding`` (most requests in their decode phase at one instant, :func:`max_decoding`: unlike
+``max_concurrent`` it does not count a request that holds blocks mid-prefill and is then preempted),
 aggregate output tokens/s over the run (wall time), median time to first token, blocks in the pool,
 KV bytes per token (budget / tokens the pool holds), preemptions, and whether every request's tokens
 equal the BF16 engine's (``same_tokens``: expected whenever the two engines make the same scheduling
@@ -99,8 +101,24 @@ def _run(model, ids, gen, cb_config):
         meter.close()
     tokens = sum(len(o.generated_tokens) for o in out.values())
     ttft = [o.timestamps[0] - o.created_time for o in out.values() if o.timestamps]
-    return out, dict(max_concurrent=meter.peak, mean_decoding=mean_decoding(out.values(), wall), wall_s=wall,
+    return out, dict(max_concurrent=meter.peak, mean_decoding=mean_decoding(out.values(), wall),
+                     max_decoding=max_decoding(out.values()), wall_s=wall,
                      output_tokens=tokens, tokens_per_s=tokens / wall, ttft_median_s=statistics.median(ttft) if ttft else None)
+
+
+def max_decoding(outputs) -> int:
+    """Most requests decoding at one instant: the deepest overlap of the spans from each request's first to its last
+    output token (a span ending when another starts does not overlap it; one-token requests have no span)."""
+    events = []
+    for o in outputs:
+        ts = getattr(o, "timestamps", None) or ()
+        if len(ts) > 1:
+            events += [(ts[0], 1), (ts[-1], -1)]
+    depth = peak = 0
+    for _, step in sorted(events):  # at equal times -1 sorts first: an end frees its place before a start takes it
+        depth += step
+        peak = max(peak, depth)
+    return peak
 
 
 def mean_decoding(outputs, wall: float) -> float:
@@ -205,6 +223,8 @@ def main(argv=None):
         for kind in ("bf16", "gaac"):
             row[kind]["kv_bytes_per_token"] = budget / (row[kind]["blocks"] * page)
         row["concurrency_gain"] = row["gaac"]["max_concurrent"] / max(row["bf16"]["max_concurrent"], 1)
+        if "max_decoding" in row["gaac"] and "max_decoding" in row["bf16"]:
+            row["decoding_gain"] = row["gaac"]["max_decoding"] / max(row["bf16"]["max_decoding"], 1)
         row["throughput_gain"] = row["gaac"]["tokens_per_s"] / row["bf16"]["tokens_per_s"]
         _progress(args.out, result, f"{gb:g} GiB gaac", row["gaac"])
         if args.skip_twin:

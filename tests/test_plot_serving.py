@@ -78,3 +78,14 @@ def test_mean_decoding_is_the_time_weighted_count_of_decoding_requests():
     assert bench.mean_decoding(outs, 10.0) == pytest.approx(1.0)
     assert bench.mean_decoding(outs, 5.0) == pytest.approx(2.0)
     assert bench.mean_decoding([], 10.0) == 0.0 and bench.mean_decoding(outs, 0.0) == 0.0
+
+
+def test_max_decoding_is_the_deepest_overlap_of_decode_spans():
+    from types import SimpleNamespace as O
+
+    bench = _load("bench_serving")
+    # spans [1, 5], [3, 9], [5, 6] (starts when the first ends: no overlap with it), [4, 4.5]; one-token and empty skipped
+    outs = [O(timestamps=[1.0, 2.0, 5.0]), O(timestamps=[3.0, 9.0]), O(timestamps=[5.0, 6.0]), O(timestamps=[4.0, 4.5]),
+            O(timestamps=[4.2]), O(timestamps=[])]
+    assert bench.max_decoding(outs) == 3  # at t = 4.2: [1, 5], [3, 9], [4, 4.5]
+    assert bench.max_decoding(outs[:3]) == 2 and bench.max_decoding([]) == 0
