@@ -229,7 +229,7 @@ def run_case(model, table, B, S, dev, args, progress=None):
                 if len(runner.graphs) == kinds or dev.type != "cuda":
                     break
             row[f"step_wall_us_{tag}"] = wall_us(step, args.steps)
-            row[f"step_gpu_us_{tag}"] = gpu_busy_us(step, args.prof_steps, kernels=kernel_table(tag))
+            row[f"step_gpu_us_{tag}"] = gpu_busy_us(step, args.prof_steps, **kernel_table(tag))
             # device span of a replay (events around it): kernels plus the gaps inside the graph
             row[f"step_span_us_{tag}"] = harness.span_us(step, args.steps)
         row[f"{tag}_replays"], row[f"{tag}_eager_steps"] = runner.replays, runner.eager_steps
@@ -239,15 +239,15 @@ def run_case(model, table, B, S, dev, args, progress=None):
     def kernel_table(tag):
         # --kernel-table: every kernel of the profiled steps with its time per step (where GPU time goes)
         if not args.kernel_table:
-            return None
-        return row.setdefault("kernels", {}).setdefault(tag, {})
+            return {}
+        return {"kernels": row.setdefault("kernels", {}).setdefault(tag, {})}
 
     def time_steps(tag, cache, ctx):
         step = decode_fn(cache, ctx)
         for _ in range(3):
             step()
         row[f"step_wall_us_{tag}"] = wall_us(step, args.steps)
-        row[f"step_gpu_us_{tag}"] = gpu_busy_us(step, args.prof_steps, kernels=kernel_table(tag))
+        row[f"step_gpu_us_{tag}"] = gpu_busy_us(step, args.prof_steps, **kernel_table(tag))
 
     if dev.type != "cuda":  # CPU smoke run: SDPA picks its math backend
         sdpa_kernel = lambda b: nullcontext()  # noqa: E731
