@@ -76,12 +76,12 @@ def _qk_norm_rope(q, k, cos, sin, wq, wk, eps: float, rope):
 
 
 @contextmanager
-def _fused_layers(model, norms: dict):
+def _fused_layers(model, norms: dict, dynamic: bool = False):
     """The fusions of ``fuse=True`` on every Qwen3 decoder layer of ``model``, as instance forwards (removed on exit).
     ``norms`` receives the q_norm / k_norm weights of the attention in flight; the rotary wrapper applies them."""
     from transformers.models.qwen3 import modeling_qwen3 as m
 
-    silu_halves = torch.compile(_silu_mul_halves)
+    silu_halves = torch.compile(_silu_mul_halves, dynamic=dynamic)
     patched = []
     pending: dict = {}  # what the stacked q/k/v GEMM left for k_proj and v_proj; the residuals of the layer in flight
 
@@ -170,7 +170,7 @@ def compiled_qwen3_ops(model, dynamic: bool = False, fuse: bool = False):
     try:
         names = ["Qwen3RMSNorm.forward", "modeling_qwen3.apply_rotary_pos_emb", "Qwen3MLP.forward (SiLU * up)"]
         if fuse:
-            with _fused_layers(model, norms) as fused:
+            with _fused_layers(model, norms, dynamic) as fused:
                 yield names + fused
         else:
             yield names
