@@ -5,8 +5,8 @@
 #     2 CTAs per SM (264 CTAs: every SM busy); (2) the codec's 2-segment windows at d = 64 / 128 / 256 (issue 14);
 # (3) e2e at 64K B=1 / B=4 with `--compile-ops fused` (stacked q/k/v and gate/up GEMMs, q/k norms in the rotary
 #     embedding, add + norm: ~6 fewer kernels per layer) and per-kernel tables, beside `--compile-ops` (ops only).
-# Usage: $0 <seconds> (carry .kvdump). Predictions: lab/cuda-decode-notebook.md, "Call Y26 prediction" and "Call Y27".
-LIMIT=${1:-560}
+# Usage: $0 <commit> <seconds> (carry .kvdump; device_env.sh records $1 as the commit). Predictions: lab/cuda-decode-notebook.md, "Call Y26 prediction" and "Call Y27".
+LIMIT=${2:-560}
 source lab/device_env.sh >/dev/null 2>&1
 SWEEP_CASES="qwen3-8b:1:65536 qwen3-8b:1:131072 qwen3-8b:4:65536" SWEEP_SPLITS="3 4 12 14 15 16" timeout 50 python3 lab/experiments/v4_splits_sweep.py --out $OUT/v4_splits_qwen3_$GPU.json 2>&1 | grep qwen3
 timeout 50 python3 lab/experiments/v4_define_ab.py --out $OUT/v4_w4_$GPU.json --cases qwen3-8b:1:65536 qwen3-8b:1:131072 qwen3-8b:4:65536 --variants "" launch=4:2:2 launch=4:3:2 2>&1 | grep -E "B=|wrote|rror"
