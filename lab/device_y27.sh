@@ -8,6 +8,8 @@
 # Usage: $0 <commit> <seconds> (carry .kvdump; device_env.sh records $1 as the commit). Predictions: lab/cuda-decode-notebook.md, "Call Y26 prediction" and "Call Y27".
 LIMIT=${2:-560}
 source lab/device_env.sh >/dev/null 2>&1
+# session 37: the one-launch tail append of graph-mode steps (kernels/cuda/tail_append.cu) on the GPU, and the graph tests
+timeout 90 python3 -m pytest -q -m gpu tests/test_tail_append.py tests/test_cuda_graphs_gpu.py -p no:cacheprovider 2>&1 | tail -2
 SWEEP_CASES="qwen3-8b:1:65536 qwen3-8b:1:131072 qwen3-8b:4:65536" SWEEP_SPLITS="3 4 12 14 15 16" timeout 50 python3 lab/experiments/v4_splits_sweep.py --out $OUT/v4_splits_qwen3_$GPU.json 2>&1 | grep qwen3
 timeout 50 python3 lab/experiments/v4_define_ab.py --out $OUT/v4_w4_$GPU.json --cases qwen3-8b:1:65536 qwen3-8b:1:131072 qwen3-8b:4:65536 --variants "" launch=4:2:2 launch=4:3:2 2>&1 | grep -E "B=|wrote|rror"
 # (1b) TLB_WARM=1 (v4 lab define, session 36): L2 prefetch of each tile's first K / V line when its window is looked up

@@ -11,7 +11,8 @@ launch shapes bake in. While a :class:`DecodeGraphState` is attached to every GA
     tlt      int32 [B]   tail tokens the attention kernel reads after this step's append
     kv_start int32 [B]   or None: left padding (the graph runner passes no attention mask)
 
-There are two kinds of step. ``append``: the token goes to the tail at ``pos``. ``close``: the token
+There are two kinds of step. ``append``: the token goes to the tail at ``pos`` (K and V in one CUDA launch where
+it can, :mod:`gaac_hf.kernels.cuda.tail`; else two ``index_copy_``). ``close``: the token
 completes the tail's block; the whole tail is encoded, stored at the pool's device counter
 (:meth:`~gaac_hf.cache.pool_v3._BlockPoolV3.graph_store`) and its entries written at column ``col``.
 :meth:`pre` and :meth:`post` advance the shared counts once per step (before and after the model's
@@ -42,6 +43,20 @@ from ..kernels.paged import PagedKV
 
 _K, _V = 0, 1
 APPEND, CLOSE = "append", "close"
+
+
+def _tail_kernel(key_states: torch.Tensor, value_states: torch.Tensor, tails) -> bool:
+    """Whether a graph-mode append writes K and V with the one-launch CUDA kernel
+    (``gaac_hf.kernels.cuda.tail``: one kernel per layer instead of two index_copy_ calls, whose
+    launches and in-graph gaps cost ~4 us each at B=1); elsewhere (CPU, no CUDA kernels, unaligned
+    rows) two ``index_copy_``. Both write the same bits."""
+    if key_states.device.type != "cuda":
+        return False
+    try:
+        from ..kernels.cuda import tail
+    except ImportError:  # pragma: no cover - the package always ships it
+        return False
+    return tail.takes(key_states, value_states, tails[_K], tails[_V])
 
 
 class DecodeGraphState:
@@ -193,8 +208,13 @@ class DecodeGraphState:
                                f"(one token per row), got {key_states.shape[2]}: detach the graph state first")
         tails = layer.tails
         layer._graph_pending = 1  # get_seq_length() counts this step's token, as after an eager append
-        tails[_K].index_copy_(2, self.pos, key_states)
-        tails[_V].index_copy_(2, self.pos, value_states)
+        if _tail_kernel(key_states, value_states, tails):
+            from ..kernels.cuda.tail import tail_append
+
+            tail_append(key_states, value_states, tails[_K], tails[_V], self.pos)  # both rows, one launch
+        else:
+            tails[_K].index_copy_(2, self.pos, key_states)
+            tails[_V].index_copy_(2, self.pos, value_states)
         if self.current != CLOSE:
             return
         b, h, t, d = tails[_K].shape

@@ -1,0 +1,148 @@
+"""The one-launch tail append of graph-mode decode steps (kernels/cuda/tail_append.cu, kernels/cuda/tail.py).
+
+CPU: the kernel compiles for sm_90a without local memory; the launcher's arguments, read the way the kernel
+reads them (a NumPy model of its loop over raw addresses), write exactly what two ``index_copy_`` calls write,
+for strided sources (views of a stacked q/k/v projection) at the first, a middle and the last tail position.
+GPU (marker ``gpu``): the kernel itself against ``index_copy_``, tails poisoned with NaN first (every other
+position must keep its poison bits), and a captured graph replayed at advancing positions.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+
+from gaac_hf.kernels.cuda import runtime, tail
+
+NVCC = shutil.which("nvcc")
+SHAPES = [(1, 8, 64, 128), (3, 2, 64, 64), (2, 4, 32, 80), (2, 3, 16, 256)]  # B, H, T, D
+
+
+def _sources(b, h, d, device, seed=0):
+    """K and V as the fused model hands them: views of one [B, 1, (Hq + 2H) * D] projection, transposed to
+    [B, H, 1, D] (batch stride (Hq + 2H) * D, head stride D); random bf16 bit patterns, NaN / Inf included."""
+    g = torch.Generator().manual_seed(seed)
+    hq = 2 * h
+    bits = torch.randint(-32768, 32768, (b, 1, (hq + 2 * h) * d), generator=g, dtype=torch.int32).to(torch.int16)
+    qkv = bits.view(torch.bfloat16).to(device)
+    k = qkv[..., hq * d:(hq + h) * d].view(b, 1, h, d).transpose(1, 2)
+    v = qkv[..., (hq + h) * d:].view(b, 1, h, d).transpose(1, 2)
+    return k, v
+
+
+def _poisoned(b, h, t, d, device):
+    return [torch.full((b, h, t, d), float("nan"), dtype=torch.bfloat16, device=device) for _ in range(2)]
+
+
+def _bits(x):
+    return x.contiguous().view(torch.int16)
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH")
+def test_kernel_compiles_without_local_memory(tmp_path):
+    out = tmp_path / "t.cubin"
+    res = subprocess.run(runtime.nvcc_command(tail.SOURCE, {}, "sm_90a", str(out)), capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    report = runtime.parse_ptxas(res.stdout + res.stderr)
+    assert set(report) == {"gaac_tail_append"}
+    assert runtime.resource_problems(report, 64) == []
+
+
+def _emulate(captured, tensors):
+    """The kernel's loop (tail_append.cu) over the launch's arguments, on CPU tensors addressed by raw pointer."""
+    (grid,), (threads,), args = captured
+    k_src, v_src, k_sb, k_sh, v_sb, v_sh, k_tail, v_tail, heads, t, vecs, pos = args
+
+    def vec_view(ptr):  # the 16-byte vectors from address ptr on, within the tensor that holds it
+        for x in tensors:
+            base = x.untyped_storage().data_ptr()
+            if base <= int(ptr) < base + x.untyped_storage().nbytes():
+                raw = torch.empty(0, dtype=torch.uint8).set_(x.untyped_storage()).numpy()[int(ptr) - base:]
+                return raw[: len(raw) // 16 * 16].view(np.uint64).reshape(-1, 2)
+        raise AssertionError(f"address {ptr:#x} is in no tensor")
+
+    p = int(pos.item())
+    assert 0 <= p < t
+    for row in range(grid):
+        b, h = divmod(row, int(heads))
+        for i in range(2 * int(vecs)):
+            is_v = i >= vecs
+            j = i - vecs if is_v else i
+            start = b * v_sb + h * v_sh if is_v else b * k_sb + h * k_sh
+            src = vec_view(v_src if is_v else k_src)[start:]
+            dst = vec_view((v_tail if is_v else k_tail).data_ptr())
+            dst[(row * int(t) + p) * int(vecs) + j] = src[j]
+    assert threads >= 32 and threads % 32 == 0
+
+
+@pytest.mark.parametrize("b,h,t,d", SHAPES)
+def test_launch_arguments_write_what_index_copy_writes(monkeypatch, b, h, t, d):
+    k, v = _sources(b, h, d, "cpu", seed=b * d)
+    captured = []
+    monkeypatch.setattr(runtime, "load", lambda *a, **kw: None)
+    monkeypatch.setattr(runtime, "launch", lambda mod, name, grid, block, smem, *args, device: captured.append(
+        (grid, block, args)))
+    for p in (0, t // 2 + 1, t - 1):
+        got, want = _poisoned(b, h, t, d, "cpu"), _poisoned(b, h, t, d, "cpu")
+        pos = torch.tensor([p])
+        tail.tail_append(k, v, got[0], got[1], pos)
+        _emulate(captured.pop(), [k, got[0], got[1]])
+        want[0].index_copy_(2, pos, k)
+        want[1].index_copy_(2, pos, v)
+        for g, w in zip(got, want):
+            assert torch.equal(_bits(g), _bits(w)), (b, h, t, d, p)
+
+
+def test_takes_refuses_what_the_kernel_cannot_read():
+    k, v = _sources(2, 4, 128, "cpu")
+    kt, vt = _poisoned(2, 4, 64, 128, "cpu")
+    assert not tail.takes(k, v, kt, vt)  # a CPU tensor: index_copy_ there
+    with pytest.raises(ValueError, match="pos must be int64"):
+        tail.tail_append(k, v, kt, vt, torch.tensor([3], dtype=torch.int32))
+
+
+# -- GPU --------------------------------------------------------------------------------------------
+ON_GPU = pytest.mark.skipif(not torch.cuda.is_available() or runtime.why_unavailable() is not None,
+                            reason="needs the CUDA C++ kernels on a GPU")
+
+
+@pytest.mark.gpu
+@ON_GPU
+@pytest.mark.parametrize("b,h,t,d", SHAPES)
+def test_gpu_kernel_equals_index_copy(b, h, t, d):
+    k, v = _sources(b, h, d, "cuda", seed=7 + d)
+    assert tail.takes(k, v, *_poisoned(b, h, t, d, "cuda"))
+    for p in (0, t // 2 + 1, t - 1):
+        got, want = _poisoned(b, h, t, d, "cuda"), _poisoned(b, h, t, d, "cuda")
+        pos = torch.tensor([p], device="cuda")
+        tail.tail_append(k, v, got[0], got[1], pos)
+        want[0].index_copy_(2, pos, k)
+        want[1].index_copy_(2, pos, v)
+        for g, w in zip(got, want):
+            assert torch.equal(_bits(g), _bits(w)), (b, h, t, d, p)
+
+
+@pytest.mark.gpu
+@ON_GPU
+def test_gpu_captured_graph_appends_at_the_device_position():
+    b, h, t, d = 2, 8, 64, 128
+    k, v = _sources(b, h, d, "cuda", seed=11)
+    got, want = _poisoned(b, h, t, d, "cuda"), _poisoned(b, h, t, d, "cuda")
+    pos = torch.zeros(1, dtype=torch.int64, device="cuda")
+    tail.tail_append(k, v, got[0], got[1], pos)  # compiled and loaded outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tail.tail_append(k, v, got[0], got[1], pos)
+    for p in range(5):
+        pos.fill_(p)
+        k.add_(1)  # new values each step, in place (the graph reads the same addresses)
+        v.sub_(1)
+        graph.replay()
+        want[0].index_copy_(2, pos, k)
+        want[1].index_copy_(2, pos, v)
+    torch.cuda.synchronize()
+    for g, w in zip(got, want):
+        assert torch.equal(_bits(g), _bits(w))
