@@ -272,15 +272,6 @@ struct SpecEntries {
   }
 };
 
-// TLB_WARM (lab define, off; session 36): when a window's sources are looked up, each lane touches its tile's first
-// K and V line with an L2 prefetch, up to 32 tiles before the tile's bulk copy. Shuffled pools put a head's consecutive
-// blocks in different 2 MB pages (the Qwen3 128K B=1 row: 1.175x cuDNN shuffled, 1.216x in prefill order,
-// eval/results/attention_h200.json), so a copy may first wait on an address translation; the prefetch takes that
-// miss early. A hint only: nothing it reads is used, so the output cannot change.
-#ifndef TLB_WARM
-#define TLB_WARM 0
-#endif
-
 // This warp's tile sources, a window of 32 tiles at a time: lane j looks up tile base + j once (one coalesced
 // table read per 32 tiles instead of a dependent global load per tile on the loop's path: 3-7% faster, call T1
 // of lab/cuda-decode-notebook.md session 19) and issues that tile's copies itself when its turn comes; ballots give
@@ -306,12 +297,6 @@ struct Window {
     v_src = vs.comp ? static_cast<const void*>(vs.comp) : vs.bf16;
     k_bytes = ks.comp ? TB : BF16_TILE;
     v_bytes = vs.comp ? TB : BF16_TILE;
-#if TLB_WARM
-    if (idx < n_tiles) {
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(k_src));
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(v_src));
-    }
-#endif
     kc = __ballot_sync(0xFFFFFFFFu, ks.comp != nullptr);
     vc = __ballot_sync(0xFFFFFFFFu, vs.comp != nullptr);
   }
