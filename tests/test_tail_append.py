@@ -2,7 +2,9 @@
 
 CPU: the kernel compiles for sm_90a without local memory; the launcher's arguments, read the way the kernel
 reads them (a NumPy model of its loop over raw addresses), write exactly what two ``index_copy_`` calls write,
-for strided sources (views of a stacked q/k/v projection) at the first, a middle and the last tail position.
+for strided sources (views of a stacked q/k/v projection) at the first, a middle and the last tail position;
+a GAACCache whose eager and graph-mode decode steps append through that launch gives the logits and bytes of
+one that copies.
 GPU (marker ``gpu``): the kernel itself against ``index_copy_``, tails poisoned with NaN first (every other
 position must keep its poison bits), and a captured graph replayed at advancing positions.
 """
@@ -102,6 +104,70 @@ def test_takes_refuses_what_the_kernel_cannot_read():
     assert not tail.takes(k, v, kt, vt)  # a CPU tensor: index_copy_ there
     with pytest.raises(ValueError, match="pos must be int64"):
         tail.tail_append(k, v, kt, vt, torch.tensor([3], dtype=torch.int32))
+
+
+@pytest.fixture
+def launch_emulated(monkeypatch):
+    """tail.tail_append runs its launcher for real; the launch itself runs the NumPy model of the kernel (CPU).
+    Yields the list of launches made."""
+    from gaac_hf.cache import graphs, layer
+
+    captured, launches = [], []
+    real = tail.tail_append
+    monkeypatch.setattr(runtime, "load", lambda *a, **kw: None)
+    monkeypatch.setattr(runtime, "launch", lambda mod, name, grid, block, smem, *args, device: captured.append(
+        (grid, block, args)))
+
+    def appended(k, v, k_tail, v_tail, pos):
+        real(k, v, k_tail, v_tail, pos)
+        _emulate(captured.pop(), [k, v, k_tail, v_tail])
+        launches.append(int(pos.item()))
+
+    monkeypatch.setattr(tail, "tail_append", appended)
+    for mod in (layer, graphs):  # the cache asks whether the kernel applies (on the CPU it never would)
+        monkeypatch.setattr(mod, "_tail_kernel", lambda k, v, tails: True)
+    yield launches
+
+
+def test_cache_decode_steps_through_the_launch_equal_copies(launch_emulated, monkeypatch):
+    """A GAACCache's eager decode steps, then graph-mode steps, with the tail written by the launch (as on CUDA):
+    logits bit for bit those of a cache that copies, and the same pool bytes, tables and tails."""
+    from test_cache import same_bits
+    from test_cuda_graphs import _prefilled, _same_bytes, _state, tiny_model
+
+    from gaac_hf.cache import pool_v3
+    from gaac_hf.integrations.cuda_graphs import DecodeGraphs
+    from gaac_hf.models import cache_kwargs
+
+    monkeypatch.setattr(pool_v3, "CPU_SYNC_FREE", True)  # graph mode on the CPU needs device-offset pools
+    model, table = tiny_model()
+    steps = 40  # 37 + 40 tokens, blocks of 16: eager steps 0-19 (step 10 closes a block), graph-mode 20-39 (26 closes)
+    with monkeypatch.context() as m:  # the reference: copies
+        from gaac_hf.cache import graphs, layer
+        for mod in (layer, graphs):
+            m.setattr(mod, "_tail_kernel", lambda k, v, tails: False)
+        ref_cache, tok = _prefilled(model, table)
+        feed, ref = [tok], []
+        with torch.no_grad():
+            for i in range(steps):
+                logits = model(feed[-1], **cache_kwargs(model, ref_cache), position_ids=torch.full((2, 1), 37 + i)).logits
+                ref.append(logits)
+                feed.append(logits[:, -1:].argmax(-1))
+        assert not launch_emulated
+    cache, _ = _prefilled(model, table)
+    with torch.no_grad():
+        for i in range(steps // 2):
+            logits = model(feed[i], **cache_kwargs(model, cache), position_ids=torch.full((2, 1), 37 + i)).logits
+            assert same_bits(logits, ref[i]), f"eager step {i}"
+    eager_launches = len(launch_emulated)
+    assert eager_launches == 3 * (steps // 2 - 1)  # 3 layers, every step but the one that closes a block
+    runner = DecodeGraphs(model, cache, horizon=steps // 2, capture=False)
+    for i in range(steps // 2, steps):
+        assert same_bits(runner.step(feed[i]), ref[i]), f"graph-mode step {i}"
+    runner.close()
+    assert len(launch_emulated) == eager_launches + 3 * (steps // 2)  # graph mode: close steps write the tail too
+    assert cache.get_seq_length() == ref_cache.get_seq_length() == 37 + steps
+    assert all(_same_bytes(a, b) for a, b in zip(_state(cache), _state(ref_cache)))
 
 
 # -- GPU --------------------------------------------------------------------------------------------

@@ -40,23 +40,11 @@ import torch
 
 from ..kernels.cpu import native
 from ..kernels.paged import PagedKV
+from .layer import _tail_kernel
 
 _K, _V = 0, 1
 APPEND, CLOSE = "append", "close"
 
-
-def _tail_kernel(key_states: torch.Tensor, value_states: torch.Tensor, tails) -> bool:
-    """Whether a graph-mode append writes K and V with the one-launch CUDA kernel
-    (``gaac_hf.kernels.cuda.tail``: one kernel per layer instead of two index_copy_ calls, whose
-    launches and in-graph gaps cost ~4 us each at B=1); elsewhere (CPU, no CUDA kernels, unaligned
-    rows) two ``index_copy_``. Both write the same bits."""
-    if key_states.device.type != "cuda":
-        return False
-    try:
-        from ..kernels.cuda import tail
-    except ImportError:  # pragma: no cover - the package always ships it
-        return False
-    return tail.takes(key_states, value_states, tails[_K], tails[_V])
 
 
 class DecodeGraphState:

@@ -1,7 +1,7 @@
 """Host-side helpers shared by the layers of one cache, all about not stalling the GPU.
 
 * :class:`_HostSlab`: one pinned allocation for every non-blocking counter copy of a cache.
-* :class:`_CountsMemo`: the ``num_blocks`` / ``tail_len`` device tensors, made once per step.
+* :class:`_CountsMemo`: the ``num_blocks`` / ``tail_len`` device tensors (and the append position), made once per step.
 * :class:`_DeviceTables`: the calibration table copied to each device once.
 * :class:`_DeferredStore`: a prefill's store parked until the next layer's append (no sync inside a layer).
 """
@@ -52,11 +52,13 @@ class _CountsMemo:
     invalidation: a changed batch or length is a different key.
     """
 
-    __slots__ = ("key", "value")
+    __slots__ = ("key", "value", "pos_key", "pos")
 
     def __init__(self) -> None:
         self.key = None
         self.value = None
+        self.pos_key = None
+        self.pos = None
 
     def get(self, b: int, num_blocks: int, tail_len: int, device) -> tuple[torch.Tensor, torch.Tensor]:
         key = (b, num_blocks, tail_len, device)
@@ -65,6 +67,16 @@ class _CountsMemo:
                           torch.full((b,), tail_len, dtype=torch.int32, device=device))
             self.key = key
         return self.value
+
+    def position(self, tail_len: int, device) -> torch.Tensor:
+        """int64 ``[1]`` device tensor holding ``tail_len``: where a decode step's one-launch tail append writes
+        (``gaac_hf.kernels.cuda.tail``, which reads the position from device memory); one fill per step,
+        never written afterwards, like the counts."""
+        key = (tail_len, device)
+        if key != self.pos_key:
+            self.pos = torch.full((1,), tail_len, dtype=torch.int64, device=device)
+            self.pos_key = key
+        return self.pos
 
 
 class _DeviceTables:

@@ -21,10 +21,25 @@ from .fused_v3 import report_fallback_once, why_unavailable
 from .pool_v3 import _BlockPoolV3, default_format, geometry_v3, store_kv_native
 from .pool_v4 import KINDS, _BlockPoolV4, geometry_v4
 
+
 _K, _V = 0, 1
 
 #: block-table columns added per growth (int32 entries: 4 bytes per row and head per column)
 TABLE_PAGE = 64
+
+
+def _tail_kernel(key_states: torch.Tensor, value_states: torch.Tensor, tails) -> bool:
+    """Whether a decode step's append (eager or graph mode) writes K and V with the one-launch CUDA kernel
+    (``gaac_hf.kernels.cuda.tail``: one kernel per layer instead of two copies, ~1.8 us of kernel each and, in
+    a replayed graph, ~2 us of gap each; call Y29's kernel tables); elsewhere (CPU, no CUDA kernels,
+    unaligned rows) two copies. Both write the same bits."""
+    if key_states.device.type != "cuda":
+        return False
+    try:
+        from ..kernels.cuda import tail
+    except ImportError:  # pragma: no cover - the package always ships it
+        return False
+    return tail.takes(key_states, value_states, tails[_K], tails[_V])
 
 
 def _local_heads(table: CalibrationTable, heads: int, layer_idx: int) -> CalibrationTable:
@@ -262,8 +277,13 @@ class GAACLayer(_BlockedLayer):
             # no block completes (every decode step but one in T): the tail holds all of it
             self._tail_room(tl + q)
             tails = self.tails
-            tails[_K][:, :, tl : tl + q].copy_(key_states)
-            tails[_V][:, :, tl : tl + q].copy_(value_states)
+            if q == 1 and _tail_kernel(key_states, value_states, tails):
+                from ..kernels.cuda.tail import tail_append
+
+                tail_append(key_states, value_states, tails[_K], tails[_V], self._counts_memo.position(tl, self.device))
+            else:
+                tails[_K][:, :, tl : tl + q].copy_(key_states)
+                tails[_V][:, :, tl : tl + q].copy_(value_states)
             self.tail_len = tl + q
             return None
         # an empty tail (a prefill, the step after a block completed) needs no concatenation: the

@@ -1,7 +1,8 @@
-"""One-launch tail append of a decode step's K and V (kernels/cuda/tail_append.cu), for graph-mode steps.
+"""One-launch tail append of a decode step's K and V (kernels/cuda/tail_append.cu), eager and graph-mode steps.
 
-A GAAC layer's graph-mode decode step (``gaac_hf.cache.graphs``) writes the new token's K and V rows into
-the BF16 tails at a position held on the device. Two ``index_copy_`` calls did that: two kernels per layer.
+A GAAC layer's decode step (``GAACLayer.update``; graph mode: ``gaac_hf.cache.graphs``) writes the new token's
+K and V rows into the BF16 tails at a position held on the device (eager steps: a one-element tensor the cache
+fills once per step). Two ``index_copy_`` (eager: ``copy_``) calls did that: two kernels per layer.
 :func:`tail_append` does both rows in one launch; :func:`takes` says when it applies (CUDA kernels
 available, bf16, 16-byte aligned rows), otherwise the caller keeps ``index_copy_``.
 
@@ -18,13 +19,22 @@ SOURCE = "tail_append.cu"
 _VEC = 8  # bf16 values per 16-byte vector
 
 
+_USABLE: dict = {}  # device -> whether the CUDA kernels run there (asked once: eager steps call takes() per layer)
+
+
+def _usable(device: torch.device) -> bool:
+    if device not in _USABLE:
+        _USABLE[device] = runtime.why_unavailable(device) is None
+    return _USABLE[device]
+
+
 def _aligned(t: torch.Tensor) -> bool:
     return t.data_ptr() % 16 == 0 and all(s % _VEC == 0 for s in t.stride()[:2])
 
 
 def takes(k: torch.Tensor, v: torch.Tensor, k_tail: torch.Tensor, v_tail: torch.Tensor) -> bool:
     """Whether :func:`tail_append` can write these rows (else use ``index_copy_``)."""
-    if k.device.type != "cuda" or runtime.why_unavailable(k.device) is not None:
+    if k.device.type != "cuda" or not _usable(k.device):
         return False
     b, h, t, d = k_tail.shape
     return (all(x.dtype == torch.bfloat16 for x in (k, v, k_tail, v_tail))
