@@ -1,14 +1,17 @@
 #!/bin/bash
 # Next session (written in session 37, whose only call, Y29, ran on an H100): on an **H200** (pass needs_h200: the
 # static BF16 cache at B=4 64K does not fit an H100), carry .kvdump. Usage: $0 <commit> <seconds>.
-# (0) GPU tests touched since the last H200 run: the tail append (kernels/cuda/tail_append.cu) and graph steps;
+# (0) GPU tests touched since the last H200 run: the tail append (kernels/cuda/tail_append.cu, eager and graph steps);
 # (1) e2e 64K B=1 / B=4, --compile-ops fused (now with the residual adds in place: no memcpy per GEMM) + kernel tables:
 #     issue 15's e2e file if it beats eval/results/e2e_compiled_h200.json; (2) the H100's flat split sweep again on the
 #     H200 (does 96 -> 128 CTAs matter where each SM moves ~40% more bytes?); (3) codec windows (issue 14).
 # Predictions: lab/cuda-decode-notebook.md, "Call Y31 prediction".
 LIMIT=${2:-560}
 source lab/device_env.sh >/dev/null 2>&1
-timeout 120 python3 -m pytest -q -m gpu tests/test_tail_append.py tests/test_cuda_graphs_gpu.py -p no:cacheprovider 2>&1 | tail -1
+# the tail kernel in eager steps (4ac9550) has not run on a GPU: the cache-level GPU tests first (v3 and v4 caches, graphs)
+timeout 240 python3 -m pytest -q -m gpu tests/test_tail_append.py tests/test_cuda_graphs_gpu.py tests/test_cache_v3_gpu.py \
+  tests/test_v4_gpu.py -k "tail or graph or cache or generate or sync" -p no:cacheprovider > $OUT/pytest_gpu_$GPU.txt 2>&1
+tail -2 $OUT/pytest_gpu_$GPU.txt; echo "tests done after $SECONDS s"
 timeout 240 python3 eval/bench_e2e.py --contexts 65536 --batches 1 4 --steps 6 --prof-steps 2 --prefill-reps 1 \
   --skip-dynamic --skip-stock-graph --format-version 4 --budget-s 205 --graphs --compile-ops fused \
   --kernel-table --out $OUT/e2e_fused_$GPU.json 2>&1 | grep -v Warn | tail -3
