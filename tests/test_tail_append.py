@@ -4,7 +4,7 @@ CPU: the kernel compiles for sm_90a without local memory; the launcher's argumen
 reads them (a NumPy model of its loop over raw addresses), write exactly what two ``index_copy_`` calls write,
 for strided sources (views of a stacked q/k/v projection) at the first, a middle and the last tail position;
 a GAACCache whose eager and graph-mode decode steps append through that launch gives the logits and bytes of
-one that copies.
+one that copies (a random tiny model, and real SmolLM2 K/V on WikiText-2).
 GPU (marker ``gpu``): the kernel itself against ``index_copy_``, tails poisoned with NaN first (every other
 position must keep its poison bits), and a captured graph replayed at advancing positions.
 """
@@ -168,6 +168,47 @@ def test_cache_decode_steps_through_the_launch_equal_copies(launch_emulated, mon
     assert len(launch_emulated) == eager_launches + 3 * (steps // 2)  # graph mode: close steps write the tail too
     assert cache.get_seq_length() == ref_cache.get_seq_length() == 37 + steps
     assert all(_same_bytes(a, b) for a, b in zip(_state(cache), _state(ref_cache)))
+
+
+def test_real_smollm2_kv_through_the_launch_equal_copies(launch_emulated, monkeypatch, model_tok, wikitext_test):
+    """Real weights and text (SmolLM2-135M, WikiText-2, the shipped table, block 64): after a 100-token prompt, 16
+    eager then 16 graph-mode decode steps whose appends go through the launch (kernel modelled) give the logits of
+    copying steps bit for bit (one block close at 128), with the same stored bytes and tails."""
+    from test_cache import attention, same_bits
+    from test_cuda_graphs import _same_bytes, _state
+
+    from gaac_hf.cache import GAACCache, graphs, layer, pool_v3
+    from gaac_hf.integrations.cuda_graphs import DecodeGraphs
+    from gaac_hf.models import cache_kwargs
+
+    monkeypatch.setattr(pool_v3, "CPU_SYNC_FREE", True)
+    model, tok = model_tok
+    ids = tok(wikitext_test[:4000], return_tensors="pt").input_ids[:, :100]
+    steps = 32
+
+    def run(kernel: bool):
+        with monkeypatch.context() as m, torch.no_grad(), attention(model, "gaac"):
+            for mod in (layer, graphs):
+                m.setattr(mod, "_tail_kernel", lambda k, v, tails: kernel)
+            cache = GAACCache(model.config, calibration="smollm2-135m", format_version=3, fused=True)
+            feed, out = model(ids, **cache_kwargs(model, cache)).logits[:, -1:].argmax(-1), []
+            for i in range(steps // 2):
+                out.append(model(feed, **cache_kwargs(model, cache), position_ids=torch.full((1, 1), 100 + i)).logits)
+                feed = out[-1][:, -1:].argmax(-1)
+            runner = DecodeGraphs(model, cache, horizon=steps, capture=False)
+            for _ in range(steps // 2):
+                out.append(runner.step(feed))
+                feed = out[-1][:, -1:].argmax(-1)
+            runner.close()
+            return cache, out
+
+    ref_cache, ref = run(False)
+    assert not launch_emulated
+    cache, got = run(True)
+    layers = model.config.num_hidden_layers
+    assert len(launch_emulated) == layers * steps  # every step of every layer (the close at 128 is a graph-mode step)
+    assert all(same_bits(a, b) for a, b in zip(got, ref))
+    assert all(_same_bytes(x, y) for x, y in zip(_state(cache), _state(ref_cache)))
 
 
 # -- GPU --------------------------------------------------------------------------------------------
