@@ -46,7 +46,6 @@ _K, _V = 0, 1
 APPEND, CLOSE = "append", "close"
 
 
-
 class DecodeGraphState:
     """The device-side counts of a GAACCache's decode steps in graph mode (module docstring).
 

@@ -21,7 +21,6 @@ from .fused_v3 import report_fallback_once, why_unavailable
 from .pool_v3 import _BlockPoolV3, default_format, geometry_v3, store_kv_native
 from .pool_v4 import KINDS, _BlockPoolV4, geometry_v4
 
-
 _K, _V = 0, 1
 
 #: block-table columns added per growth (int32 entries: 4 bytes per row and head per column)
@@ -280,7 +279,7 @@ class GAACLayer(_BlockedLayer):
             if q == 1 and _tail_kernel(key_states, value_states, tails):
                 from ..kernels.cuda.tail import tail_append
 
-                tail_append(key_states, value_states, tails[_K], tails[_V], self._counts_memo.position(tl, self.device))
+                tail_append(key_states, value_states, tails[_K], tails[_V], self._counts_memo.position(tl, key_states.device))
             else:
                 tails[_K][:, :, tl : tl + q].copy_(key_states)
                 tails[_V][:, :, tl : tl + q].copy_(value_states)

@@ -1,9 +1,9 @@
 // One decode step's K and V rows written into a GAAC layer's BF16 tails, in one launch.
 //
-// Why: in graph mode (gaac_hf/cache/graphs.py) a decode step wrote its token with two index_copy_
-// calls per layer (K, then V): 72 tiny kernels per step of a 36-layer model, each ~2 us of kernel
-// and ~2 us of gap inside the replayed graph. This kernel writes both in one launch and reads the
-// tail position from device memory, so a captured graph replays it at every position.
+// Why: a decode step (GAACLayer.update; graph mode: gaac_hf/cache/graphs.py) wrote its token with two
+// copies per layer (K, then V): 72 tiny kernels per step of a 36-layer model, each ~2 us of kernel
+// and, in a replayed graph, ~2 us of gap. This kernel writes both in one launch and reads the tail
+// position from device memory, so a captured graph replays it at every position.
 //
 // Shapes (elements): k_src, v_src [B, H, 1, D] bf16 with any batch / head strides (views of the
 // model's projections), the channel dimension dense; k_tail, v_tail [B, H, T, D] bf16 contiguous;
