@@ -403,10 +403,11 @@ def main(argv=None):
                    help="with --graphs, leave out transformers' StaticCache replayed from a graph (its own prefill)")
     p.add_argument("--graphs", action="store_true",
                    help="also time CUDA-graph replays of the decode step (GAAC graph mode; stock StaticCache)")
-    p.add_argument("--compile-ops", nargs="?", const="ops", choices=("ops", "fused"), default=None,
+    p.add_argument("--compile-ops", nargs="?", const="ops", choices=("ops", "fused", "fused-combo"), default=None,
                    help="the model's RMSNorm, rotary embedding and SiLU-gate torch.compile'd for every cache kind "
                         "(eval/compiled_ops.py): fewer kernels per step, the caches untouched; 'fused' also stacks the "
-                        "q/k/v and gate/up projections and fuses the q/k norms and the post-attention add + norm")
+                        "q/k/v and gate/up projections and fuses the q/k norms and the residual adds; 'fused-combo' "
+                        "also lets inductor launch independent kernels together (combo_kernels)")
     p.add_argument("--kernel-table", action="store_true",
                    help="record each profiled kernel's time per step under row['kernels'][cache kind]")
     p.add_argument("--tiny", action="store_true", help="2-layer model on the CPU: checks the script, measures nothing")
@@ -440,7 +441,8 @@ def main(argv=None):
         if args.compile_ops:
             from compiled_ops import compiled_qwen3_ops
 
-            out["compiled_ops"] = stack.enter_context(compiled_qwen3_ops(model, fuse=args.compile_ops == "fused"))
+            out["compiled_ops"] = stack.enter_context(compiled_qwen3_ops(
+                model, fuse=args.compile_ops.startswith("fused"), combo=args.compile_ops == "fused-combo"))
         run_cases(model, table, cases, dev, args, out, t_start)
     print_table(out, args)
 

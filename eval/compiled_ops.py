@@ -84,12 +84,13 @@ def _qk_norm_rope(q, k, cos, sin, wq, wk, eps: float, rope):
 
 
 @contextmanager
-def _fused_layers(model, norms: dict, dynamic: bool = False):
+def _fused_layers(model, norms: dict, compile_):
     """The fusions of ``fuse=True`` on every Qwen3 decoder layer of ``model``, as instance forwards (removed on exit).
-    ``norms`` receives the q_norm / k_norm weights of the attention in flight; the rotary wrapper applies them."""
+    ``norms`` receives the q_norm / k_norm weights of the attention in flight; the rotary wrapper applies them.
+    ``compile_``: torch.compile with the caller's settings (dynamic, inductor options)."""
     from transformers.models.qwen3 import modeling_qwen3 as m
 
-    silu_halves = torch.compile(_silu_mul_halves, dynamic=dynamic)
+    silu_halves = compile_(_silu_mul_halves)
     patched = []
     pending: dict = {}  # what the stacked q/k/v GEMM left for k_proj and v_proj; the residuals of the layer in flight
 
@@ -138,9 +139,11 @@ def _fused_layers(model, norms: dict, dynamic: bool = False):
 
 
 @contextmanager
-def compiled_qwen3_ops(model, dynamic: bool = False, fuse: bool = False):
+def compiled_qwen3_ops(model, dynamic: bool = False, fuse: bool = False, combo: bool = False):
     """Swap Qwen3's RMSNorm, rotary embedding and SiLU-gate for torch.compile'd functions; restore them on exit.
-    ``fuse``: also the fusions of the module docstring (fewer kernels per layer).
+    ``fuse``: also the fusions of the module docstring (fewer kernels per layer). ``combo``: inductor's horizontal
+    fusion (``combo_kernels``) in every compiled function, so kernels without a data dependence share a launch (the
+    q and k halves of the normed rotary embedding were two kernels per layer in call Y29's tables; GPU only).
 
     Yields the list of names patched (recorded in the benchmark's JSON). Compilation happens on the first call at
     each new shape: run an eager step at the decode shape before capturing a CUDA graph.
@@ -152,10 +155,12 @@ def compiled_qwen3_ops(model, dynamic: bool = False, fuse: bool = False):
                          f"{model.config.model_type} with {model.config.hidden_act!r}")
     limit = torch._dynamo.config.cache_size_limit
     torch._dynamo.config.cache_size_limit = max(limit, 64)  # prefill chunks and decode steps: one graph per shape
-    rms = torch.compile(_rms_norm, dynamic=dynamic)
-    silu_mul = torch.compile(_silu_mul, dynamic=dynamic)
+    options = {"combo_kernels": True} if combo else None
+    compile_ = lambda fn: torch.compile(fn, dynamic=dynamic, options=options)  # noqa: E731
+    rms = compile_(_rms_norm)
+    silu_mul = compile_(_silu_mul)
     orig_rope = m.apply_rotary_pos_emb
-    rope = torch.compile(lambda q, k, cos, sin: orig_rope(q, k, cos, sin), dynamic=dynamic)
+    rope = compile_(lambda q, k, cos, sin: orig_rope(q, k, cos, sin))
     orig_norm, orig_mlp = m.Qwen3RMSNorm.forward, m.Qwen3MLP.forward
 
     def norm_forward(self, hidden_states):
@@ -165,8 +170,7 @@ def compiled_qwen3_ops(model, dynamic: bool = False, fuse: bool = False):
         return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))
 
     norms: dict = {}  # fuse: the q_norm / k_norm weights of the attention in flight
-    qk_rope = torch.compile(lambda q, k, cos, sin, wq, wk, eps: _qk_norm_rope(q, k, cos, sin, wq, wk, eps, orig_rope),
-                            dynamic=dynamic)
+    qk_rope = compile_(lambda q, k, cos, sin, wq, wk, eps: _qk_norm_rope(q, k, cos, sin, wq, wk, eps, orig_rope))
 
     def rope_forward(q, k, cos, sin, *args, **kwargs):
         if norms and not args and not kwargs:
@@ -177,8 +181,10 @@ def compiled_qwen3_ops(model, dynamic: bool = False, fuse: bool = False):
     m.Qwen3RMSNorm.forward, m.Qwen3MLP.forward, m.apply_rotary_pos_emb = norm_forward, mlp_forward, rope_forward
     try:
         names = ["Qwen3RMSNorm.forward", "modeling_qwen3.apply_rotary_pos_emb", "Qwen3MLP.forward (SiLU * up)"]
+        if combo:
+            names.append("combo_kernels (inductor's horizontal fusion)")
         if fuse:
-            with _fused_layers(model, norms, dynamic) as fused:
+            with _fused_layers(model, norms, compile_) as fused:
                 yield names + fused
         else:
             yield names

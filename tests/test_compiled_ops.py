@@ -23,8 +23,8 @@ def mods():
     return bench_e2e, compiled_ops
 
 
-@pytest.mark.parametrize("fuse", [False, True], ids=["ops", "fused"])
-def test_compiled_ops_engage_match_eager_and_are_undone(mods, fuse):
+@pytest.mark.parametrize("fuse,combo", [(False, False), (True, False), (True, True)], ids=["ops", "fused", "fused-combo"])
+def test_compiled_ops_engage_match_eager_and_are_undone(mods, fuse, combo):
     bench, co = mods
     from torch._dynamo.utils import counters
     from transformers import DynamicCache
@@ -51,14 +51,14 @@ def test_compiled_ops_engage_match_eager_and_are_undone(mods, fuse):
         eager = logits(DynamicCache(config=model.config))
         graphs_before = counters["stats"]["unique_graphs"]
         before = forwards()
-        with co.compiled_qwen3_ops(model, fuse=fuse) as names:
+        with co.compiled_qwen3_ops(model, fuse=fuse, combo=combo) as names:
             fused_mods = sum(own for _, own in forwards())
             compiled = logits(DynamicCache(config=model.config))
             model.set_attn_implementation("gaac")
             compiled_gaac = logits(gaac_hf.GAACCache(model.config, calibration=table))
             model.set_attn_implementation("sdpa")
         after = logits(DynamicCache(config=model.config))
-    assert len(names) == (7 if fuse else 3) and counters["stats"]["unique_graphs"] > graphs_before  # compile ran
+    assert len(names) == (7 if fuse else 3) + combo and counters["stats"]["unique_graphs"] > graphs_before  # compile ran
     # fused: per layer q_proj, k_proj, v_proj, q_norm, k_norm, o_proj, the MLP and the layer itself take instance forwards
     assert fused_mods == (8 * model.config.num_hidden_layers if fuse else 0)
     assert torch.equal(compiled_gaac.view(torch.int16), compiled.view(torch.int16))  # the cache stays lossless
