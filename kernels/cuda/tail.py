@@ -20,6 +20,7 @@ _VEC = 8  # bf16 values per 16-byte vector
 
 
 _USABLE: dict = {}  # device -> whether the CUDA kernels run there (asked once: eager steps call takes() per layer)
+_MODULES: dict = {}  # device -> the loaded kernel module
 
 
 def _usable(device: torch.device) -> bool:
@@ -54,7 +55,9 @@ def tail_append(k: torch.Tensor, v: torch.Tensor, k_tail: torch.Tensor, v_tail: 
         raise ValueError(f"pos must be int64 [1] on {k.device}, got {pos.dtype} {tuple(pos.shape)} on {pos.device}")
     b, h, t, d = k_tail.shape
     vecs = d // _VEC
-    mod = runtime.load(SOURCE, {}, k.device)
+    mod = _MODULES.get(k.device)
+    if mod is None:  # once per device: eager steps launch this per layer, so no per-call compile-cache lookup
+        mod = _MODULES[k.device] = runtime.load(SOURCE, {}, k.device)
     threads = min(1024, 32 * -(-2 * vecs // 32))
     # the sources pass as raw addresses with their strides (runtime.launch refuses strided tensors, which it
     # would read as dense): strides in 16-byte vectors
