@@ -29,6 +29,12 @@ def _sources(b, h, d, device, seed=0):
     g = torch.Generator().manual_seed(seed)
     hq = 2 * h
     bits = torch.randint(-32768, 32768, (b, 1, (hq + 2 * h) * d), generator=g, dtype=torch.int32).to(torch.int16)
+    # every row starts with the special patterns, whatever the draw: +-0, +-Inf, NaNs (quiet, signalling-style,
+    # negative, with payload), the smallest / largest subnormals, the smallest / largest normals
+    specials = torch.tensor([0x0000, 0x8000, 0x7F80, 0xFF80, 0x7FC0, 0x7F81, 0xFFC1, 0x7FFF, 0x0001, 0x807F,
+                             0x0080, 0x7F7F, 0xFF7F, 0x8001, 0x007F, 0x3F80], dtype=torch.int32).to(torch.int16)
+    rows = bits.view(b, 1, hq + 2 * h, d)
+    rows[..., : min(d, len(specials))] = specials[:d]
     qkv = bits.view(torch.bfloat16).to(device)
     k = qkv[..., hq * d:(hq + h) * d].view(b, 1, h, d).transpose(1, 2)
     v = qkv[..., (hq + h) * d:].view(b, 1, h, d).transpose(1, 2)
