@@ -240,7 +240,8 @@ def run_case(model, table, B, S, dev, args, progress=None):
         # --kernel-table: every kernel of the profiled steps with its time per step (where GPU time goes)
         if not args.kernel_table:
             return {}
-        return {"kernels": row.setdefault("kernels", {}).setdefault(tag, {})}
+        return {"kernels": row.setdefault("kernels", {}).setdefault(tag, {}),
+                "gaps": row.setdefault("kernel_gaps", {}).setdefault(tag, {})}
 
     def time_steps(tag, cache, ctx):
         step = decode_fn(cache, ctx)
@@ -409,7 +410,8 @@ def main(argv=None):
                         "q/k/v and gate/up projections and fuses the q/k norms and the residual adds; 'fused-combo' "
                         "also lets inductor launch independent kernels together (combo_kernels)")
     p.add_argument("--kernel-table", action="store_true",
-                   help="record each profiled kernel's time per step under row['kernels'][cache kind]")
+                   help="record each profiled kernel's time per step under row['kernels'][cache kind], and the idle "
+                        "device time before each kernel under row['kernel_gaps'][cache kind] (harness.kernel_gaps)")
     p.add_argument("--tiny", action="store_true", help="2-layer model on the CPU: checks the script, measures nothing")
     args = p.parse_args(argv)
     args.fused = {"true": True, "false": False, "auto": "auto"}[args.fused]

@@ -157,11 +157,34 @@ def timeit_graph(fn, n=10, reps=15):
     return (med[0] - med[1]) / n * 1e3
 
 
-def gpu_busy_us(fn, steps: int = 10, warmup: bool = False, kernels: dict | None = None) -> float:
+def kernel_gaps(intervals, steps: int, top: int = 25) -> dict:
+    """Idle device time before each kernel, summed by the kernel that ends it: where a step's launch gaps sit.
+
+    intervals: (name, start_us, end_us) of every kernel / copy the profiler saw over ``steps`` calls, any order.
+    A gap is the time from the latest end so far to the next start (overlapping kernels leave none). Returns
+    ``{"total_us": idle us per call, "after": {name: {"us": idle us before it per call, "count": gaps per call}}}``,
+    the ``top`` names with the most idle time first."""
+    agg: dict = {}
+    total, end = 0.0, None
+    for name, start, stop in sorted(intervals, key=lambda t: (t[1], t[2])):
+        if end is not None and start > end:
+            us, n = agg.get(name[:160], (0.0, 0))
+            agg[name[:160]] = (us + start - end, n + 1)
+            total += start - end
+        end = stop if end is None else max(end, stop)
+    after = sorted(agg.items(), key=lambda kv: -kv[1][0])[:top]
+    return {"total_us": round(total / steps, 2),
+            "after": {k: {"us": round(us / steps, 2), "count": n / steps} for k, (us, n) in after}}
+
+
+def gpu_busy_us(fn, steps: int = 10, warmup: bool = False, kernels: dict | None = None,
+                gaps: dict | None = None) -> float:
     """Sum of CUDA kernel time per call of fn, from the profiler (excludes launch gaps); NaN on the CPU
     (after one call, so smoke runs still exercise fn). With ``kernels`` (a dict), it is filled with
     kernel name -> {"us": device time per call, "calls": launches per call}, longest first: where a
-    step's GPU time goes (what two cache kinds' steps spend beyond attention)."""
+    step's GPU time goes (what two cache kinds' steps spend beyond attention). With ``gaps`` (a dict), it
+    is updated with :func:`kernel_gaps` of the profiled calls (the first kernel of each call carries the host's
+    time between calls)."""
     from torch.profiler import ProfilerActivity, profile
 
     if not torch.cuda.is_available():
@@ -179,6 +202,14 @@ def gpu_busy_us(fn, steps: int = 10, warmup: bool = False, kernels: dict | None 
     if kernels is not None:
         for e in sorted(events, key=lambda e: -e.self_device_time_total):
             kernels[e.key[:160]] = {"us": round(e.self_device_time_total / steps, 2), "calls": e.count / steps}
+    if gaps is not None:
+        from torch.autograd import DeviceType
+
+        try:  # never measured on a GPU before session 38's commit: a profiler API change must not cost the run
+            gaps.update(kernel_gaps([(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
+                                     if e.device_type == DeviceType.CUDA], steps))
+        except (AttributeError, TypeError) as err:
+            gaps["error"] = repr(err)
     return sum(e.self_device_time_total for e in events) / steps
 
 

@@ -91,3 +91,22 @@ def test_merge_e2e_keeps_each_rows_commit_and_replaces_an_out_of_memory_row(tmp_
     assert rows[(1, 64)]["wall_ms"] == {"gaac": 9.0}
     assert rows[(16, 32)]["commit"] == "bbb" and rows[(16, 32)]["gpu_ms"]["gaac"] == 3.0
     assert [p["commit"] for p in m["parts"]] == ["aaa", "bbb", "ccc"] and m["commit"] == "ccc"
+
+
+def test_kernel_gaps_charge_idle_time_to_the_kernel_that_ends_it():
+    import sys
+    sys.path.insert(0, str(EVAL))
+    from harness import kernel_gaps
+
+    # two calls of a step: a (0-10), b overlaps a (5-12), c after a 3 us gap (15-20); then a again after 30 us
+    ev = [("a", 0, 10), ("c", 15, 20), ("b", 5, 12), ("a", 50, 60), ("c", 61, 62), ("b", 60, 61)]
+    g = kernel_gaps(ev, steps=2)
+    assert g["total_us"] == (3 + 30) / 2
+    assert g["after"]["c"] == {"us": 1.5, "count": 0.5}  # 15 - 12; c at 61 follows b's end exactly: no gap
+    assert g["after"]["a"] == {"us": 15.0, "count": 0.5}
+    assert "b" not in g["after"]  # b starts inside a
+    assert list(g["after"]) == ["a", "c"]  # most idle time first
+    assert kernel_gaps(ev, steps=2, top=1)["after"].keys() == {"a"}
+    # a short kernel inside a long one does not end the long one's busy time
+    assert kernel_gaps([("x", 0, 100), ("y", 10, 20), ("z", 50, 60), ("w", 104, 105)], steps=1) == \
+        {"total_us": 4.0, "after": {"w": {"us": 4.0, "count": 1.0}}}
