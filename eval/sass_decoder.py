@@ -45,10 +45,13 @@ def tool(name: str) -> str:
     return name
 
 
-def nvcc_cmd(head_dim: int, out: str, block_t: int = 64, steps: int | None = None) -> list[str]:
+def nvcc_cmd(head_dim: int, out: str, block_t: int = 64, steps: int | None = None,
+             defines: dict | None = None) -> list[str]:
+    """``defines``: more NAME=value for kernels.cu (a lab build, e.g. WINDOW_SEGS / DECODE_THREADS)."""
     count = [] if steps is None else ["-DGAAC_V3_COUNT", f"-DGAAC_V3_COUNT_STEPS={steps}"]
+    extra = [f"-D{k}={v}" for k, v in (defines or {}).items()]
     return ["nvcc", "-cubin", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-O3", "-Xptxas", "-v",
-            f"-DBLOCK_T={block_t}", f"-DHEAD_DIM={head_dim}", *count, str(SRC), "-o", out]
+            f"-DBLOCK_T={block_t}", f"-DHEAD_DIM={head_dim}", *count, *extra, str(SRC), "-o", out]
 
 
 def expected_steps(groups: int, p: float) -> float:
@@ -108,11 +111,12 @@ def sass_ops(cubin: str, fn: str) -> collections.Counter:
     return ops
 
 
-def measure(head_dim: int, tmp: str, p_wide: float, block_t: int = 64) -> dict:
+def measure(head_dim: int, tmp: str, p_wide: float, block_t: int = 64, defines: dict | None = None) -> dict:
+    """One head_dim's count; ``defines`` (lab builds) may set WINDOW_SEGS, which the per-value cost then follows."""
     counts, res = {}, {}
     for steps in (1, 2):
         cubin = os.path.join(tmp, f"v3_{head_dim}_{steps}.cubin")
-        r = subprocess.run(nvcc_cmd(head_dim, cubin, block_t, steps), capture_output=True, text=True)
+        r = subprocess.run(nvcc_cmd(head_dim, cubin, block_t, steps, defines), capture_output=True, text=True)
         if r.returncode:
             raise RuntimeError(r.stderr)
         res = ptxas_report(r.stderr + r.stdout)
@@ -123,6 +127,8 @@ def measure(head_dim: int, tmp: str, p_wide: float, block_t: int = 64) -> dict:
     segs = -(-chunks // 32)
     nwin = -(-segs // 8)
     win = min(4, segs) if 32 % (head_dim // 8) == 0 else -(-segs // nwin)  # kernels.cu WINDOW_SEGS (BF16)
+    if defines and "WINDOW_SEGS" in defines:
+        win = min(int(defines["WINDOW_SEGS"]), segs)
     cost = values = 0.0
     for w0 in range(0, segs, win):
         ch = min(chunks, 32 * (w0 + win)) - 32 * w0

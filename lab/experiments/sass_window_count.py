@@ -1,32 +1,37 @@
-"""SASS warp-instructions per value of the v3 decoder with another window / thread count (session 38, CPU).
+"""SASS warp-instructions per value of the v3 decoder built with another window / thread count (session 38, CPU).
 
-    python lab/experiments/sass_window_count.py WINDOW_SEGS DECODE_THREADS
+    python lab/experiments/sass_window_count.py WINDOW_SEGS DECODE_THREADS [--out FILE]
 
-eval/sass_decoder.py's count (the loop-free gaac_v3_count_item, steps k = 1, 2) with -DWINDOW_SEGS / -DDECODE_THREADS
-added to the build, and the per-value cost summed over windows of WINDOW_SEGS segments (the script's own rule assumes
-the product's windows). Question it answers: does the 2-segment x 256-thread decoder (3 points faster on the H100,
-call Y32) keep issue 14's <= 0.15 warp-instructions per value?
+eval/sass_decoder.py's count (`measure` with lab defines) at d = 64 / 128 / 256. Question it answers: does the
+2-segment x 256-thread decoder (3 points faster on the H100, call Y32) keep issue 14's <= 0.15 warp-instructions per
+value? Writes the rows (with the commit and command) where --out says.
 """
+import argparse
+import json
 import os
+import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "eval"))
 import sass_decoder as s  # noqa: E402
 
-W, T = int(sys.argv[1]), int(sys.argv[2])
-orig = s.nvcc_cmd
-s.nvcc_cmd = lambda *a, **k: orig(*a, **k)[:-3] + [f"-DWINDOW_SEGS={W}", f"-DDECODE_THREADS={T}"] + orig(*a, **k)[-3:]
+ap = argparse.ArgumentParser()
+ap.add_argument("window_segs", type=int)
+ap.add_argument("threads", type=int)
+ap.add_argument("--out")
+args = ap.parse_args()
+defines = {"WINDOW_SEGS": args.window_segs, "DECODE_THREADS": args.threads}
 p = s.wide_share()
 with tempfile.TemporaryDirectory() as tmp:
-    for d in (64, 128, 256):
-        r = s.measure(d, tmp, p)
-        rest, step = r["sass_window_without_fix_steps"], r["sass_fix_step"]
-        chunks = 16 * (d // 8)  # 64-token block: 16 chunks of 4 rows x d / 8 lanes
-        segs = -(-chunks // 32)
-        cost = values = 0.0
-        for w0 in range(0, segs, W):
-            ch = min(chunks, 32 * (w0 + W)) - 32 * w0
-            cost += rest + s.expected_steps(4 * ch, p) * step
-            values += 32 * ch
-        print(f"d={d} W{W} T{T}: window {rest} + fix step {step}: {cost / values:.4f} warp-instr/value")
+    rows = [s.measure(d, tmp, p, defines=defines) for d in (64, 128, 256)]
+for r in rows:
+    print(f"d={r['head_dim']} W{args.window_segs} T{args.threads}: window {r['sass_window_without_fix_steps']} + fix step "
+          f"{r['sass_fix_step']}: {r['warp_instr_per_value']:.4f} warp-instr/value")
+if args.out:
+    commit = subprocess.run(["git", "-C", str(s.REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    with open(args.out, "w") as f:
+        json.dump({"commit": commit, "command": "python " + " ".join(sys.argv), "defines": defines,
+                   "target_warp_instr_per_value": 0.15, "wide_group_share_used": round(p, 5),
+                   "warp_instr_per_value": {str(r["head_dim"]): r["warp_instr_per_value"] for r in rows},
+                   "rows": [{k: v for k, v in r.items() if k != "ops_one_step_item"} for r in rows]}, f, indent=1)
