@@ -404,11 +404,13 @@ def main(argv=None):
                    help="with --graphs, leave out transformers' StaticCache replayed from a graph (its own prefill)")
     p.add_argument("--graphs", action="store_true",
                    help="also time CUDA-graph replays of the decode step (GAAC graph mode; stock StaticCache)")
-    p.add_argument("--compile-ops", nargs="?", const="ops", choices=("ops", "fused", "fused-combo"), default=None,
+    p.add_argument("--compile-ops", nargs="?", const="ops", choices=("ops", "fused", "fused-combo", "fused-pdl"),
+                   default=None,
                    help="the model's RMSNorm, rotary embedding and SiLU-gate torch.compile'd for every cache kind "
                         "(eval/compiled_ops.py): fewer kernels per step, the caches untouched; 'fused' also stacks the "
                         "q/k/v and gate/up projections and fuses the q/k norms and the residual adds; 'fused-combo' "
-                        "also lets inductor launch independent kernels together (combo_kernels)")
+                        "also lets inductor launch independent kernels together (combo_kernels); 'fused-pdl' launches "
+                        "the compiled kernels with programmatic dependent launch (triton.enable_pdl)")
     p.add_argument("--kernel-table", action="store_true",
                    help="record each profiled kernel's time per step under row['kernels'][cache kind], and the idle "
                         "device time before each kernel under row['kernel_gaps'][cache kind] (harness.kernel_gaps)")
@@ -444,7 +446,8 @@ def main(argv=None):
             from compiled_ops import compiled_qwen3_ops
 
             out["compiled_ops"] = stack.enter_context(compiled_qwen3_ops(
-                model, fuse=args.compile_ops.startswith("fused"), combo=args.compile_ops == "fused-combo"))
+                model, fuse=args.compile_ops.startswith("fused"), combo=args.compile_ops == "fused-combo",
+                pdl=args.compile_ops == "fused-pdl"))
         run_cases(model, table, cases, dev, args, out, t_start)
     print_table(out, args)
 

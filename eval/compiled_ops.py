@@ -138,12 +138,21 @@ def _fused_layers(model, norms: dict, compile_):
         norms.clear()
 
 
+def _inductor_has_pdl() -> bool:
+    import torch._inductor.config as inductor_config
+
+    return hasattr(inductor_config.triton, "enable_pdl")
+
+
 @contextmanager
-def compiled_qwen3_ops(model, dynamic: bool = False, fuse: bool = False, combo: bool = False):
+def compiled_qwen3_ops(model, dynamic: bool = False, fuse: bool = False, combo: bool = False, pdl: bool = False):
     """Swap Qwen3's RMSNorm, rotary embedding and SiLU-gate for torch.compile'd functions; restore them on exit.
     ``fuse``: also the fusions of the module docstring (fewer kernels per layer). ``combo``: inductor's horizontal
     fusion (``combo_kernels``) in every compiled function, so kernels without a data dependence share a launch (the
     q and k halves of the normed rotary embedding were two kernels per layer in call Y29's tables; GPU only).
+    ``pdl``: inductor's programmatic dependent launch (``triton.enable_pdl``, sm_90+): each compiled kernel is launched
+    while its predecessor finishes and waits in-kernel (``gdc_wait``) before reading its inputs, so under a CUDA graph
+    the launch latency between kernels can overlap the previous kernel's tail (the graph gaps of calls Y29/Y32).
 
     Yields the list of names patched (recorded in the benchmark's JSON). Compilation happens on the first call at
     each new shape: run an eager step at the decode shape before capturing a CUDA graph.
@@ -155,7 +164,15 @@ def compiled_qwen3_ops(model, dynamic: bool = False, fuse: bool = False, combo: 
                          f"{model.config.model_type} with {model.config.hidden_act!r}")
     limit = torch._dynamo.config.cache_size_limit
     torch._dynamo.config.cache_size_limit = max(limit, 64)  # prefill chunks and decode steps: one graph per shape
-    options = {"combo_kernels": True} if combo else None
+    options = {}
+    if combo:
+        options["combo_kernels"] = True
+    if pdl:
+        if not _inductor_has_pdl():
+            raise RuntimeError(f"torch {torch.__version__} has no torch._inductor.config.triton.enable_pdl: "
+                               "programmatic dependent launch needs a newer torch")
+        options["triton.enable_pdl"] = True
+    options = options or None
     compile_ = lambda fn: torch.compile(fn, dynamic=dynamic, options=options)  # noqa: E731
     rms = compile_(_rms_norm)
     silu_mul = compile_(_silu_mul)
@@ -183,6 +200,8 @@ def compiled_qwen3_ops(model, dynamic: bool = False, fuse: bool = False, combo: 
         names = ["Qwen3RMSNorm.forward", "modeling_qwen3.apply_rotary_pos_emb", "Qwen3MLP.forward (SiLU * up)"]
         if combo:
             names.append("combo_kernels (inductor's horizontal fusion)")
+        if pdl:
+            names.append("triton.enable_pdl (programmatic dependent launch)")
         if fuse:
             with _fused_layers(model, norms, compile_) as fused:
                 yield names + fused

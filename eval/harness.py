@@ -162,19 +162,21 @@ def kernel_gaps(intervals, steps: int, top: int = 25) -> dict:
 
     intervals: (name, start_us, end_us) of every kernel / copy the profiler saw over ``steps`` calls, any order.
     A gap is the time from the latest end so far to the next start (overlapping kernels leave none). Returns
-    ``{"total_us": idle us per call, "after": {name: {"us": idle us before it per call, "count": gaps per call}}}``,
-    the ``top`` names with the most idle time first. Taken under the profiler, which may itself widen gaps: compare
+    ``{"total_us": idle us per call, "busy_us": us per call with at least one kernel running (the union of the
+    intervals: kernels that overlap, e.g. under programmatic dependent launch, count once), "after": {name: {"us":
+    idle us before it per call, "count": gaps per call}}}``, the ``top`` names with the most idle time first. Taken under the profiler, which may itself widen gaps: compare
     cache kinds and builds measured the same way, not the total against an unprofiled wall time."""
     agg: dict = {}
-    total, end = 0.0, None
+    total, busy, end = 0.0, 0.0, None
     for name, start, stop in sorted(intervals, key=lambda t: (t[1], t[2])):
         if end is not None and start > end:
             us, n = agg.get(name[:160], (0.0, 0))
             agg[name[:160]] = (us + start - end, n + 1)
             total += start - end
+        busy += max(0.0, stop - max(start, end if end is not None else start))  # the part not yet covered
         end = stop if end is None else max(end, stop)
     after = sorted(agg.items(), key=lambda kv: -kv[1][0])[:top]
-    return {"total_us": round(total / steps, 2),
+    return {"total_us": round(total / steps, 2), "busy_us": round(busy / steps, 2),
             "after": {k: {"us": round(us / steps, 2), "count": n / steps} for k, (us, n) in after}}
 
 

@@ -102,6 +102,7 @@ def test_kernel_gaps_charge_idle_time_to_the_kernel_that_ends_it():
     ev = [("a", 0, 10), ("c", 15, 20), ("b", 5, 12), ("a", 50, 60), ("c", 61, 62), ("b", 60, 61)]
     g = kernel_gaps(ev, steps=2)
     assert g["total_us"] == (3 + 30) / 2
+    assert g["busy_us"] == (12 + 5 + 12) / 2  # 0-12 and 15-20, then 50-62: overlaps count once
     assert g["after"]["c"] == {"us": 1.5, "count": 0.5}  # 15 - 12; c at 61 follows b's end exactly: no gap
     assert g["after"]["a"] == {"us": 15.0, "count": 0.5}
     assert "b" not in g["after"]  # b starts inside a
@@ -109,4 +110,4 @@ def test_kernel_gaps_charge_idle_time_to_the_kernel_that_ends_it():
     assert kernel_gaps(ev, steps=2, top=1)["after"].keys() == {"a"}
     # a short kernel inside a long one does not end the long one's busy time
     assert kernel_gaps([("x", 0, 100), ("y", 10, 20), ("z", 50, 60), ("w", 104, 105)], steps=1) == \
-        {"total_us": 4.0, "after": {"w": {"us": 4.0, "count": 1.0}}}
+        {"total_us": 4.0, "busy_us": 101.0, "after": {"w": {"us": 4.0, "count": 1.0}}}

@@ -92,3 +92,20 @@ def test_compiled_ops_refuse_another_model_family(mods):
     with pytest.raises(ValueError, match="Qwen3"):
         with co.compiled_qwen3_ops(model):
             pass
+
+
+def test_pdl_needs_inductor_support(mods, monkeypatch):
+    """``pdl=True`` on a torch without ``triton.enable_pdl`` fails with a clear error before anything is patched."""
+    _, co = mods
+    from types import SimpleNamespace
+
+    from transformers.models.qwen3 import modeling_qwen3 as m
+
+    before = (m.Qwen3RMSNorm.forward, m.Qwen3MLP.forward, m.apply_rotary_pos_emb)
+    assert co._inductor_has_pdl() == hasattr(torch._inductor.config.triton, "enable_pdl")
+    monkeypatch.setattr(co, "_inductor_has_pdl", lambda: False)
+    model = SimpleNamespace(config=SimpleNamespace(model_type="qwen3", hidden_act="silu"))
+    with pytest.raises(RuntimeError, match="enable_pdl"):
+        with co.compiled_qwen3_ops(model, pdl=True):
+            pass
+    assert (m.Qwen3RMSNorm.forward, m.Qwen3MLP.forward, m.apply_rotary_pos_emb) == before
