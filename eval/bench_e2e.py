@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import platform
 import statistics
 import sys
@@ -431,6 +432,8 @@ def main(argv=None):
         "versions": {"torch": torch.__version__, "triton": triton.__version__, "transformers": transformers.__version__,
                      "python": platform.python_version()},
         "command": "python " + " ".join(sys.argv),
+        # lab switch: GAAC's own decode kernels built and launched for programmatic dependent launch
+        "gaac_pdl": os.environ.get("GAAC_PDL", "0") == "1",
         "model": "Qwen3-8B shape, random init, bf16",
         "calibration": {"table_format_version": 2, "block_size": table.geometry.block_size,
                         "cache_format_version": args.format_version or "default"},

@@ -9,7 +9,7 @@
 LIMIT=${2:-560}
 source lab/device_env.sh >/dev/null 2>&1
 # the tail kernel in eager steps (4ac9550) has not run on a GPU: the cache-level GPU tests first (v3 and v4 caches, graphs)
-timeout 240 python3 -m pytest -q -m gpu tests/test_tail_append.py tests/test_cuda_graphs_gpu.py tests/test_cache_v3_gpu.py \
+timeout 240 python3 -m pytest -q -m gpu tests/test_pdl.py tests/test_tail_append.py tests/test_cuda_graphs_gpu.py tests/test_cache_v3_gpu.py \
   tests/test_v4_gpu.py -k "tail or graph or cache or generate or sync" -p no:cacheprovider > $OUT/pytest_gpu_$GPU.txt 2>&1
 tail -2 $OUT/pytest_gpu_$GPU.txt; echo "tests done after $SECONDS s"
 timeout 240 python3 eval/bench_e2e.py --contexts 65536 --batches 1 4 --steps 6 --prof-steps 2 --prefill-reps 1 \
@@ -17,8 +17,8 @@ timeout 240 python3 eval/bench_e2e.py --contexts 65536 --batches 1 4 --steps 6 -
   --kernel-table --out $OUT/e2e_fused_$GPU.json 2>&1 | grep -v Warn | tail -3
 echo "e2e done after $SECONDS s"
 # (1b) the same at B=1 with the compiled kernels launched with programmatic dependent launch (inductor's enable_pdl;
-# session 39): do the graph gaps shrink? (combo kernels ran on the H100 in Y32: GPU ratio unchanged, gaps grew)
-[ $(left) -gt 200 ] && timeout 110 python3 eval/bench_e2e.py --contexts 65536 --batches 1 --steps 6 --prof-steps 2 \
+# session 39), and GAAC's tail append and attention too (GAAC_PDL=1): do the graph gaps shrink? (combo kernels ran on the H100 in Y32: GPU ratio unchanged, gaps grew)
+[ $(left) -gt 200 ] && GAAC_PDL=1 timeout 110 python3 eval/bench_e2e.py --contexts 65536 --batches 1 --steps 6 --prof-steps 2 \
   --prefill-reps 1 --skip-dynamic --skip-stock-graph --format-version 4 --budget-s 90 --graphs --compile-ops fused-pdl \
   --kernel-table --out $OUT/e2e_fused_pdl_b1_$GPU.json 2>&1 | grep -v Warn | tail -2
 [ $(left) -gt 60 ] && SWEEP_CASES="qwen3-8b:1:65536 qwen3-8b:1:131072 qwen3-8b:4:65536" SWEEP_SPLITS="3 4 12 14 15 16" timeout 50 python3 lab/experiments/v4_splits_sweep.py --out $OUT/v4_splits_qwen3_$GPU.json 2>&1 | grep qwen3

@@ -400,6 +400,7 @@ gaac_v4_decode_split(const u16* __restrict__ q,                                 
                      const int* __restrict__ kv_start, float* __restrict__ part_o, float* __restrict__ part_lse,
                      u16* __restrict__ out, int* __restrict__ counters, int hkv, int max_blocks, int tokens_per_split,
                      float scale_log2) {
+  pdl_wait();  // GAAC_PDL: q, the tails and the lengths come from the kernels before this one
   extern __shared__ __align__(128) unsigned char smem[];
   uint2* cst = reinterpret_cast<uint2*>(smem);  // [2][KS][32]
   unsigned char* ring = smem + CONST_BYTES;      // [W][S][2][SLOT_KIND]
@@ -525,6 +526,7 @@ gaac_v4_decode_split(const u16* __restrict__ q,                                 
 extern "C" __global__ void __launch_bounds__(THREADS)
 gaac_v4_decode_blocks(const unsigned char* __restrict__ pool, const i64* __restrict__ entries,
                       const unsigned char* __restrict__ b16, int n_blocks, int is_v, u16* __restrict__ out) {
+  pdl_wait();  // GAAC_PDL (every kernel of a source built with it launches early)
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char* ring = smem;                          // [W][TB]
   uint2* cst_all = reinterpret_cast<uint2*>(smem + W * TB);  // [W][KS][32]

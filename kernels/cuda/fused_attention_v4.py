@@ -140,6 +140,8 @@ def plan(batch: int, kv_heads: int, group: int, block_size: int, head_dim: int, 
     defines = dict(HEAD_DIM=head_dim, QUERY_GROUP=group, PAGE=block_size, WARPS=warps, STAGES=stages,
                    MIN_CTAS_PER_SM=per_sm, CONST_REGS=int(const_regs_fit(head_dim, warps, per_sm)),
                    COMPACT_SLOTS=int(compact), MERGE_BATCH=merge_batch(head_dim))
+    if runtime.pdl_requested():  # lab switch (runtime.pdl_requested): launched early, waits in-kernel
+        defines["GAAC_PDL"] = 1
     return dict(defines=defines, smem=smem, splits=splits, tokens_per_split=tps, threads=32 * warps, warps=warps)
 
 

@@ -11,7 +11,9 @@ cubin on disk, and launch it on PyTorch's current stream. Nothing here knows wha
   version, so editing a header recompiles. ``GAAC_CUDA_LINEINFO=1`` (profiling only) adds source-line
   tables to the cubin for Nsight Compute's source view; the code is the same.
 - **Launch**: on ``torch.cuda.current_stream()`` through ``cuda.core.launch``; tensors pass as their
-  data pointers, no host synchronisation, capturable in a CUDA graph.
+  data pointers, no host synchronisation, capturable in a CUDA graph. ``GAAC_PDL=1`` (a lab switch, off):
+  launchers that support it build with ``GAAC_PDL=1`` and such modules launch with programmatic dependent
+  launch (the kernel may start during its predecessor and waits in-kernel; ``include/gaac/ptx.cuh``).
 
 The same source + defines compile with ``nvcc`` on a machine without a GPU (``nvcc_command``): the CPU
 checks in ``tests/test_cuda_build.py`` use that to assert resources (registers, no spills) in CI.
@@ -136,6 +138,7 @@ class Module:
     objcode: object
     arch: str
     log: str = ""
+    pdl: bool = False  # built with GAAC_PDL=1: launched with programmatic stream serialization (see pdl_requested)
     _kernels: dict = field(default_factory=dict)
 
     def kernel(self, name: str):
@@ -196,11 +199,29 @@ def compile_cubin(source: str, defines: dict[str, int | str], arch: str) -> tupl
 def _load_cached(source: str, defines_items: tuple, arch: str, device_index: int) -> Module:
     cubin, log, key = compile_cubin(source, dict(defines_items), arch)
     _cc.Device(device_index).set_current()
-    return Module(key=key, objcode=_cc.ObjectCode.from_cubin(cubin), arch=arch, log=log)
+    return Module(key=key, objcode=_cc.ObjectCode.from_cubin(cubin), arch=arch, log=log,
+                  pdl=_pdl_define(source, dict(defines_items)))
+
+
+def pdl_requested() -> bool:
+    """``GAAC_PDL=1`` in the environment (a lab switch, off by default): the launchers that support it build their
+    kernels with ``GAAC_PDL=1`` and launch them with programmatic dependent launch (``include/gaac/ptx.cuh``)."""
+    return os.environ.get("GAAC_PDL", "0") == "1"
+
+
+def _pdl_define(source: str, defines: dict) -> bool:
+    """Whether ``defines`` build ``source`` for programmatic dependent launch. A kernel so launched may start
+    before the previous kernel ends, so a source that never calls ``pdl_wait`` must not be built with it."""
+    if not int(defines.get("GAAC_PDL", 0)):
+        return False
+    if "pdl_wait()" not in (HERE / source).read_text():
+        raise ValueError(f"{source} does not call pdl_wait(): it cannot be launched with GAAC_PDL=1")
+    return True
 
 
 def load(source: str, defines: dict[str, int | str], device: torch.device) -> Module:
     """Compile (or take from the caches) ``source`` with ``defines`` for ``device`` and load it."""
+    _pdl_define(source, defines)  # refuses GAAC_PDL=1 for a source that does not wait (before any GPU check)
     reason = why_unavailable(device)
     if reason is not None:
         raise CudaUnavailable(reason)
@@ -282,5 +303,8 @@ def launch(module: Module, name: str, grid: tuple[int, ...], block: tuple[int, .
     if smem > 48 * 1024:
         _set_max_dynamic_smem(kernel, smem, index)
     stream = _stream_for(torch.cuda.current_stream(device).cuda_stream, index)
-    config = _cc.LaunchConfig(grid=grid, block=block, shmem_size=smem)
+    if module.pdl:  # its kernels wait for their predecessor in-kernel (pdl_wait): they may launch early
+        config = _cc.LaunchConfig(grid=grid, block=block, shmem_size=smem, programmatic_stream_serialization=True)
+    else:
+        config = _cc.LaunchConfig(grid=grid, block=block, shmem_size=smem)
     _cc.launch(stream, config, kernel, *[_arg(a) for a in args])

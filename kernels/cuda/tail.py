@@ -55,9 +55,10 @@ def tail_append(k: torch.Tensor, v: torch.Tensor, k_tail: torch.Tensor, v_tail: 
         raise ValueError(f"pos must be int64 [1] on {k.device}, got {pos.dtype} {tuple(pos.shape)} on {pos.device}")
     b, h, t, d = k_tail.shape
     vecs = d // _VEC
-    mod = _MODULES.get(k.device)
+    pdl = runtime.pdl_requested()
+    mod = _MODULES.get((k.device, pdl))
     if mod is None:  # once per device: eager steps launch this per layer, so no per-call compile-cache lookup
-        mod = _MODULES[k.device] = runtime.load(SOURCE, {}, k.device)
+        mod = _MODULES[(k.device, pdl)] = runtime.load(SOURCE, {"GAAC_PDL": 1} if pdl else {}, k.device)
     threads = min(1024, 32 * -(-2 * vecs // 32))
     # the sources pass as raw addresses with their strides (runtime.launch refuses strided tensors, which it
     # would read as dense): strides in 16-byte vectors

@@ -12,6 +12,8 @@
 // Grid: one CTA per (b, h) row, blockIdx.x = b * H + h; 2 * D / 8 lanes (K's vectors, then V's).
 // The copy is bit-exact by construction (no arithmetic); the GPU test compares it with index_copy_.
 
+#include "gaac/ptx.cuh"  // pdl_wait / pdl_launch_dependents (GAAC_PDL, off by default)
+
 typedef unsigned long long u64;
 
 struct alignas(16) Vec16 {
@@ -22,6 +24,8 @@ extern "C" __global__ void gaac_tail_append(u64 k_src, u64 v_src, long long k_sb
                                             long long v_sb, long long v_sh, Vec16* __restrict__ k_tail,
                                             Vec16* __restrict__ v_tail, int heads, int tail_tokens,
                                             int vecs, const long long* __restrict__ pos) {
+    gaac::pdl_wait();                // GAAC_PDL: the K/V rows come from the kernel before this one
+    gaac::pdl_launch_dependents();   // the attention kernel that reads these tails may launch now (it waits for us)
     const int row = blockIdx.x;
     const int b = row / heads, h = row - (row / heads) * heads;
     const long long p = *pos;

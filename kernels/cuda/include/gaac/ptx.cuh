@@ -11,6 +11,28 @@ typedef unsigned int u32;
 typedef unsigned short u16;
 typedef long long i64;
 
+// Programmatic dependent launch (sm_90+; lab define GAAC_PDL, off). With GAAC_PDL=1 the host launches the kernel
+// with programmatic stream serialization (runtime.launch does so for a module built with it): the kernel may start
+// while the previous kernel of the stream still runs, so its first statement must be pdl_wait(), which returns once
+// every earlier kernel has finished and its writes are visible; before it the kernel reads nothing. That overlaps
+// a launch's latency (the idle device time between kernels of a replayed graph) with the kernel before it.
+// pdl_launch_dependents() lets the next kernel, if it too is launched so, start early (it still waits for this one
+// to finish before reading anything). The design follows the CUDA programming guide's PDL section; with
+// GAAC_PDL=0 both are empty and the cubins are those without them.
+#ifndef GAAC_PDL
+#define GAAC_PDL 0
+#endif
+__device__ __forceinline__ void pdl_wait() {
+#if GAAC_PDL && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if GAAC_PDL && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ u32 smem_addr(const void* p) {
   return static_cast<u32>(__cvta_generic_to_shared(p));
 }
