@@ -8,6 +8,8 @@
 # Predictions: lab/cuda-decode-notebook.md, "Call Y31 prediction".
 LIMIT=${2:-560}
 source lab/device_env.sh >/dev/null 2>&1
+# the graph-gap probe (session 39): us per kernel boundary in a replayed graph, small / big-smem / alternating, +-PDL
+timeout 60 python3 lab/experiments/graph_gaps/probe.py --out $OUT/graph_gaps_probe_$GPU.json 2>&1 | grep -E "us/launch|rror"
 # the tail kernel in eager steps (4ac9550) has not run on a GPU: the cache-level GPU tests first (v3 and v4 caches, graphs)
 timeout 240 python3 -m pytest -q -m gpu tests/test_pdl.py tests/test_tail_append.py tests/test_cuda_graphs_gpu.py tests/test_cache_v3_gpu.py \
   tests/test_v4_gpu.py -k "tail or graph or cache or generate or sync" -p no:cacheprovider > $OUT/pytest_gpu_$GPU.txt 2>&1

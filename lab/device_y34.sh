@@ -7,6 +7,8 @@
 # "Call Y34 prediction".
 LIMIT=${2:-330}
 source lab/device_env.sh >/dev/null 2>&1
+# the graph-gap probe (session 39): us per kernel boundary in a replayed graph, small / big-smem / alternating, +-PDL
+timeout 60 python3 lab/experiments/graph_gaps/probe.py --out $OUT/graph_gaps_probe_$GPU.json 2>&1 | grep -E "us/launch|rror"
 timeout 90 python3 -m pytest -q -m gpu tests/test_pdl.py tests/test_tail_append.py -p no:cacheprovider > $OUT/pytest_pdl_$GPU.txt 2>&1
 tail -2 $OUT/pytest_pdl_$GPU.txt; echo "pdl tests done after $SECONDS s"
 [ -f .kvdump/smollm2_kv_v3.pt ] && timeout 40 python3 lab/experiments/codec_v3_sweep.py --head-dims 64,128,256 \
