@@ -21,3 +21,5 @@ for OPS in fused fused-pdl; do
     --compile-ops $OPS --kernel-table --out $OUT/e2e_${OPS}_b1_$GPU.json 2>&1 | grep -v Warn | tail -2
   echo "$OPS done after $SECONDS s"
 done
+# issue 18 (session 39): the FP8-tile decoder against the FP8 code stream an FP8 attention kernel reads
+[ -f .kvdump/smollm2_kv_v3.pt ] && timeout 40 python3 lab/experiments/fp8_decode_rate.py --out $OUT/fp8_decode_rate_$GPU.json 2>&1 | grep -E "codes/s|rror"
