@@ -23,8 +23,8 @@ echo "e2e done after $SECONDS s"
 [ $(left) -gt 200 ] && GAAC_PDL=1 timeout 110 python3 eval/bench_e2e.py --contexts 65536 --batches 1 --steps 6 --prof-steps 2 \
   --prefill-reps 1 --skip-dynamic --skip-stock-graph --format-version 4 --budget-s 90 --graphs --compile-ops fused-pdl \
   --kernel-table --out $OUT/e2e_fused_pdl_b1_$GPU.json 2>&1 | grep -v Warn | tail -2
-[ $(left) -gt 60 ] && SWEEP_CASES="qwen3-8b:1:65536 qwen3-8b:1:131072 qwen3-8b:4:65536" SWEEP_SPLITS="3 4 12 14 15 16" timeout 50 python3 lab/experiments/v4_splits_sweep.py --out $OUT/v4_splits_qwen3_$GPU.json 2>&1 | grep qwen3
 [ $(left) -gt 45 ] && [ -f .kvdump/smollm2_kv_v3.pt ] && timeout 40 python3 lab/experiments/codec_v3_sweep.py --head-dims 64,128,256 --out $OUT/codec_v3_sweep_w2_$GPU.json --variants 4:8:2:128 2:4:2:256 4:4:1:256 4:8:1:128 2>&1 | grep -E "^d=|wrote"
 # issue 18 (session 39): the FP8-tile decoder against the FP8 code stream an FP8 attention kernel reads
 [ $(left) -gt 45 ] && [ -f .kvdump/smollm2_kv_v3.pt ] && timeout 40 python3 lab/experiments/fp8_decode_rate.py --out $OUT/fp8_decode_rate_$GPU.json 2>&1 | grep -E "codes/s|rror"
+[ $(left) -gt 60 ] && SWEEP_CASES="qwen3-8b:1:65536 qwen3-8b:1:131072 qwen3-8b:4:65536" SWEEP_SPLITS="3 4 12 14 15 16" timeout 50 python3 lab/experiments/v4_splits_sweep.py --out $OUT/v4_splits_qwen3_$GPU.json 2>&1 | grep qwen3
 echo "all done after $SECONDS s"
