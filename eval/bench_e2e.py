@@ -231,6 +231,7 @@ def run_case(model, table, B, S, dev, args, progress=None):
                     break
             row[f"step_wall_us_{tag}"] = wall_us(step, args.steps)
             row[f"step_gpu_us_{tag}"] = gpu_busy_us(step, args.prof_steps, **kernel_table(tag))
+            busy_union(tag)
             # device span of a replay (events around it): kernels plus the gaps inside the graph
             row[f"step_span_us_{tag}"] = harness.span_us(step, args.steps)
         row[f"{tag}_replays"], row[f"{tag}_eager_steps"] = runner.replays, runner.eager_steps
@@ -244,12 +245,20 @@ def run_case(model, table, B, S, dev, args, progress=None):
         return {"kernels": row.setdefault("kernels", {}).setdefault(tag, {}),
                 "gaps": row.setdefault("kernel_gaps", {}).setdefault(tag, {})}
 
+    def busy_union(tag):
+        # --kernel-table: the device time with at least one kernel running (kernels launched early under
+        # programmatic dependent launch overlap their predecessor, so step_gpu_us, a sum, counts the overlap)
+        gaps = row.get("kernel_gaps", {}).get(tag)
+        if gaps and "busy_us" in gaps:
+            row[f"step_busy_us_{tag}"] = gaps["busy_us"]
+
     def time_steps(tag, cache, ctx):
         step = decode_fn(cache, ctx)
         for _ in range(3):
             step()
         row[f"step_wall_us_{tag}"] = wall_us(step, args.steps)
         row[f"step_gpu_us_{tag}"] = gpu_busy_us(step, args.prof_steps, **kernel_table(tag))
+        busy_union(tag)
 
     if dev.type != "cuda":  # CPU smoke run: SDPA picks its math backend
         sdpa_kernel = lambda b: nullcontext()  # noqa: E731

@@ -68,6 +68,31 @@ def test_a_case_in_progress_is_written_as_a_partial_row(bench, tmp_path, monkeyp
     assert "speedup_wall_vs_static_cudnn" in final[0]
 
 
+def test_kernel_table_records_the_busy_union_per_kind(bench, tmp_path, monkeypatch):
+    """--kernel-table: each cache kind's row gets step_busy_us_<kind> from its kernel_gaps (the union of kernel
+    intervals, which programmatic dependent launch keeps apart from the summed step_gpu_us)."""
+    import json
+
+    def fake(step, n, kernels=None, gaps=None):  # what the profiler would fill, with a busy union per kind
+        step()
+        kernels.update({"k": {"us": 2.0, "calls": 1.0}})
+        gaps.update({"total_us": 0.25, "busy_us": 0.75 + len(fake.seen), "after": {}})
+        fake.seen.append(1)
+        return 1.0
+
+    fake.seen = []
+    monkeypatch.setattr(bench, "gpu_busy_us", fake)
+    out = tmp_path / "e2e.json"
+    bench.main(["--tiny", "--contexts", "256", "--batches", "1", "--steps", "1", "--prof-steps", "1",
+                "--prefill-reps", "1", "--skip-dynamic", "--kernel-table", "--out", str(out)])
+    row = json.loads(out.read_text())["rows"][0]
+    kinds = [k.removeprefix("step_gpu_us_") for k in row if k.startswith("step_gpu_us_")]
+    assert "gaac" in kinds and "static_cudnn" in kinds
+    for kind in kinds:
+        assert row[f"step_busy_us_{kind}"] == row["kernel_gaps"][kind]["busy_us"]
+    assert len({row[f"step_busy_us_{kind}"] for kind in kinds}) == len(kinds)  # each kind its own
+
+
 def test_merge_e2e_keeps_each_rows_commit_and_replaces_an_out_of_memory_row(tmp_path):
     """eval/merge_e2e.py: rows carry their run's commit and gpu_ms / wall_ms per cache kind; a later run's row
     with a GAAC time replaces an earlier one without (a rerun after running out of memory), not the reverse."""
