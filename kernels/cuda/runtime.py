@@ -214,9 +214,15 @@ def _pdl_define(source: str, defines: dict) -> bool:
     before the previous kernel ends, so a source that never calls ``pdl_wait`` must not be built with it."""
     if not int(defines.get("GAAC_PDL", 0)):
         return False
-    if "pdl_wait()" not in (HERE / source).read_text():
+    if not _waits(source):
         raise ValueError(f"{source} does not call pdl_wait(): it cannot be launched with GAAC_PDL=1")
     return True
+
+
+@functools.lru_cache(maxsize=None)
+def _waits(source: str) -> bool:
+    """Whether ``source`` calls ``pdl_wait()`` (read once per source: load() runs at every launch)."""
+    return "pdl_wait()" in (HERE / source).read_text()
 
 
 def load(source: str, defines: dict[str, int | str], device: torch.device) -> Module:
