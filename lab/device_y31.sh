@@ -27,4 +27,6 @@ echo "e2e done after $SECONDS s"
 # issue 18 (session 39): the FP8-tile decoder against the FP8 code stream an FP8 attention kernel reads
 [ $(left) -gt 45 ] && [ -f .kvdump/smollm2_kv_v3.pt ] && timeout 40 python3 lab/experiments/fp8_decode_rate.py --out $OUT/fp8_decode_rate_$GPU.json 2>&1 | grep -E "codes/s|rror"
 [ $(left) -gt 60 ] && SWEEP_CASES="qwen3-8b:1:65536 qwen3-8b:1:131072 qwen3-8b:4:65536" SWEEP_SPLITS="3 4 12 14 15 16" timeout 50 python3 lab/experiments/v4_splits_sweep.py --out $OUT/v4_splits_qwen3_$GPU.json 2>&1 | grep qwen3
+# every SM busy at 8 kv heads (264 CTAs = 2 per SM of the H200's 132) where 128 leave 4 idle: an H100 answered no
+[ $(left) -gt 55 ] && timeout 50 python3 lab/experiments/v4_define_ab.py --out $OUT/v4_w4_$GPU.json --cases qwen3-8b:1:65536 qwen3-8b:1:131072 qwen3-8b:4:65536 --variants "" launch=4:2:2 2>&1 | grep -E "B=|wrote|rror"
 echo "all done after $SECONDS s"
