@@ -135,3 +135,16 @@ def test_nvrtc_compiles_the_fp8_launcher_source(tmp_path, monkeypatch, dtype):
             pytest.skip(f"NVRTC not loadable here: {e}")
         raise
     assert cubin[:4] == b"\x7fELF"
+
+
+@pytest.mark.parametrize("fp8", [1, 2])
+def test_fp8_count_twin_builds_and_counts_its_fix_up_steps(tmp_path, fp8):
+    """The loop-free count twin also builds for FP8 tiles (lab/experiments/sass_fp8_count.py, issue 18's instruction
+    count): it exists in the cubin, and each unrolled fix-up step adds instructions (the count's step term)."""
+    counts = []
+    for steps in (1, 2):
+        out = tmp_path / f"c{steps}.cubin"
+        r = subprocess.run(sass_decoder.nvcc_cmd(128, str(out), 64, steps, {"GAAC_FP8": fp8}), capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr[-2000:]
+        counts.append(sum(sass_decoder.sass_ops(str(out), "gaac_v3_count_item").values()))
+    assert 0 < counts[0] < counts[1], counts

@@ -424,14 +424,14 @@ gaac_v3_decode_reduce(const uint8_t* __restrict__ pool, const long long* __restr
 }
 #endif  // GAAC_FP8
 
-#if defined(GAAC_V3_COUNT) && !defined(GAAC_FP8)
-// Loop-free twin of one gaac_v3_decode item (the same decode_item), for eval/sass_decoder.py: built
-// with -DGAAC_V3_COUNT_STEPS=k its fix-up runs exactly k unrolled 32-entry steps, so the static SASS
-// count is what one warp issues for one window of WIN segments of a compressed block (the BF16-block
-// branch, never taken for those, is left out).
+#if defined(GAAC_V3_COUNT)
+// Loop-free twin of one gaac_v3_decode item (the same decode_item), for eval/sass_decoder.py (and, with GAAC_FP8,
+// lab/experiments/sass_fp8_count.py): built with -DGAAC_V3_COUNT_STEPS=k its fix-up runs exactly k unrolled
+// 32-entry steps, so the static SASS count is what one warp issues for one window of WIN segments of a compressed
+// block (the BF16-block branch, never taken for those, is left out).
 extern "C" __global__ void gaac_v3_count_item(const uint8_t* __restrict__ pool, const long long* __restrict__ entries,
                                               const uint32_t* __restrict__ b8p, const uint32_t* __restrict__ dbp,
-                                              int base_stride, uint16_t* __restrict__ out) {
+                                              int base_stride, value_t* __restrict__ out) {
   const unsigned item = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   const int i = (int)(item / NWIN), wdx = (int)(item % NWIN);
   uint32_t acc = 0;
