@@ -3,7 +3,8 @@
     python lab/experiments/graph_gaps/probe.py --out FILE.json
 
 Graphs of N launches of two trivial kernels (probe.cu): all `small` (no shared memory), all `big` (one CTA per SM
-with ~200 KB of dynamic shared memory each, as our attention kernel and cuBLAS's TMA GEMMs take), alternating
+with ~200 KB of dynamic shared memory each, as our attention kernel and cuBLAS's TMA GEMMs take), `big` launched in
+clusters of 2 (cuBLAS's nvjet GEMMs in the e2e tables are 2x1-cluster kernels), alternating
 (a shared-memory carveout change at every boundary, if the driver reconfigures), alternating with the small
 kernel's preferred carveout set to the maximum (no change needed), and each again with programmatic dependent
 launch (GAAC_PDL=1 builds; launched early, wait in-kernel). Per graph: median replay time over N (CUDA events
@@ -62,7 +63,16 @@ def main(argv=None) -> int:
         def big():
             runtime.launch(mod, "probe_big", (sms,), (256,), args.smem, x, np.int32(args.smem), device=dev)
 
-        patterns = {"small": [small], "big": [big], "alternating": [big, small]}
+        def big_cluster():  # cuBLAS's nvjet GEMMs of the e2e tables run in 2x1 clusters: does a cluster launch cost more?
+            stream = runtime._stream_for(torch.cuda.current_stream(dev).cuda_stream, dev.index or 0)
+            kernel = mod.kernel("probe_big")
+            runtime._set_max_dynamic_smem(kernel, args.smem, dev.index or 0)
+            cfg = runtime._cc.LaunchConfig(grid=(sms // 2,), cluster=(2,), block=(256,), shmem_size=args.smem,
+                                           programmatic_stream_serialization=bool(pdl))
+            runtime._cc.launch(stream, cfg, kernel, x.data_ptr(), np.int32(args.smem))
+
+        patterns = {"small": [small], "big": [big], "alternating": [big, small], "cluster2": [big_cluster],
+                    "alternating_cluster2": [big_cluster, small]}
         for carve in ("default", "max"):
             if carve == "max":
                 carveout(mod.kernel("probe_small"), 100)
@@ -86,7 +96,7 @@ def main(argv=None) -> int:
                     b.record()
                     b.synchronize()
                     t.append(a.elapsed_time(b) * 1e3)
-                ok = int(x.item()) == args.reps * args.n  # every launch ran, in order, once per replay
+                ok = int(x.item()) == args.reps * args.n  # every launch ran, in order, once per replay (block 0 adds 1)
                 rows.append({"pattern": name, "carveout_small": carve, "pdl": bool(pdl), "launches": args.n,
                              "us_per_launch": round(statistics.median(t) / args.n, 3), "count_ok": ok})
                 print(f"pdl={pdl} {name:12s} carveout={carve:7s} {rows[-1]['us_per_launch']:.3f} us/launch ok={ok}")
