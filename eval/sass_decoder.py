@@ -13,6 +13,8 @@ c1, c2 the counts for k = 1, 2: step = c2 - c1, rest = c1 - step, and
 where E[steps] = E[ceil(X / 32)], X ~ Binomial(groups of the window, wide share) with the wide
 (4-bit + raw) group share measured on SmolLM2 (eval/results/compression_smollm2_v3.json). NOPs and
 the trailing BRA self-loop are not counted (never issued).
+
+The same twin built for FP8 tiles (``fp8_tiles``, issue 18) is counted per code at T = 64, d = 128 (:func:`measure_fp8`).
 """
 from __future__ import annotations
 
@@ -167,6 +169,50 @@ def measure_candidate_b(head_dim: int, tmp: str) -> dict:
             "ops": dict(ops.most_common())}
 
 
+#: warp-instruction issue slots per second of an H200 (132 SMs x 4 schedulers x 1.98 GHz; eval/sass_sm90.py's model)
+ISSUE_SLOTS_PER_S = 132 * 4 * 1.98e9
+#: the byte rate cuDNN reads BF16 K/V at on the H200 (eval/results/attention_h200.json, Qwen3-8B B=4 64K): the
+#: code rate of an FP8 decode kernel that streams plain FP8 codes as fast as the H200's HBM gives them
+FP8_STREAM_CODES_PER_S = 4.26e12
+
+
+def fp8_wide_share(dtype: str) -> float:
+    """Share of FP8-tile groups outside the narrow window (wide + raw) on real SmolLM2 K/V (K and V averaged)."""
+    ms = json.loads((REPO / "eval" / "results" / "compression_fp8_smollm2.json").read_text())["per_dtype"][dtype]["mode_shares"]
+    return sum(1 - ms[k]["narrow"] for k in ("K", "V")) / 2
+
+
+def measure_fp8(fp8: int, dtype: str, tmp: str) -> dict:
+    """The FP8-tile decoder (kernels.cu -DGAAC_FP8=1 E4M3, 2 E5M2) at T = 64, d = 128: its window is the whole block,
+    32 codes per chunk; fix-up steps weighted by :func:`fp8_wide_share`. Issue cycles count the INT pipe at half rate
+    (16 lanes per cycle per scheduler, eval/sass_v4.py). ``decode_alone_vs_fp8_stream``: the decode alone, issue-bound,
+    against the code rate of an FP8 kernel streaming plain codes (:data:`FP8_STREAM_CODES_PER_S`): issue 18's fused
+    kernel cannot beat that baseline while this is below 1."""
+    counts = {}
+    for steps in (1, 2):
+        cubin = os.path.join(tmp, f"fp8_{fp8}_{steps}.cubin")
+        r = subprocess.run(nvcc_cmd(128, cubin, 64, steps, {"GAAC_FP8": fp8}), capture_output=True, text=True)
+        if r.returncode:
+            raise RuntimeError(r.stderr)
+        counts[steps] = sass_ops(cubin, "gaac_v3_count_item")
+    c1, c2 = sum(counts[1].values()), sum(counts[2].values())
+    i1, i2 = (sum(counts[k][o] for o in INT_PIPE) for k in (1, 2))
+    p = fp8_wide_share(dtype)
+    chunks = (64 // 4) * (128 // 8)
+    e = expected_steps(4 * chunks, p)
+    instr = (2 * c1 - c2 + e * (c2 - c1)) / (32 * chunks)
+    cycles = (2 * (c1 + i1) - (c2 + i2) + e * (c2 + i2 - c1 - i1)) / (32 * chunks)
+    return {
+        "dtype": dtype, "head_dim": 128, "block_t": 64, "wide_share_used": round(p, 4), "expected_fix_steps": round(e, 3),
+        "sass_window_without_fix_steps": 2 * c1 - c2, "sass_fix_step": c2 - c1,
+        "warp_instr_per_code": round(instr, 4), "issue_cycles_per_code": round(cycles, 4),
+        "issue_cycles_per_code_to_match_fp8_stream": round(ISSUE_SLOTS_PER_S / FP8_STREAM_CODES_PER_S, 4),
+        "decode_alone_vs_fp8_stream": round(ISSUE_SLOTS_PER_S / cycles / FP8_STREAM_CODES_PER_S, 3),
+        "decode_alone_vs_fp8_stream_one_cycle_per_instr": round(ISSUE_SLOTS_PER_S / instr / FP8_STREAM_CODES_PER_S, 3),
+        "ops_one_step_item": dict(counts[1].most_common()),
+    }
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(REPO / "eval" / "results" / "sass_decoder.json"))
@@ -178,6 +224,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         rows = [measure(int(d), tmp, p_wide) for d in args.head_dims.split(",")]
         cand = [measure_candidate_b(d, tmp) for d in (64, 128, 256)] if args.candidates else []
+        fp8 = [measure_fp8(i, dt, tmp) for i, dt in ((1, "fp8_e4m3"), (2, "fp8_e5m2"))]
     nvcc = subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1]
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     dirty = bool(subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "kernels/cuda/gaac_v3"], capture_output=True, text=True).stdout.strip())
@@ -194,6 +241,9 @@ def main(argv=None) -> int:
         "rows": rows,
         "rejected_candidate_B_tagplane": {"source": "kernels/cuda/gaac_v3/candidate_tagplane.cu", "rows": cand,
                                           "warp_instr_per_value": {str(r["head_dim"]): r["warp_instr_per_value"] for r in cand}},
+        # issue 18: the FP8-tile decoder's count against the H200's issue rate (measure_fp8's docstring)
+        "fp8_tiles": {"issue_slots_per_s": ISSUE_SLOTS_PER_S, "fp8_stream_codes_per_s": FP8_STREAM_CODES_PER_S,
+                      "rows": fp8},
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
@@ -204,6 +254,9 @@ def main(argv=None) -> int:
               f"regs " + ", ".join(f"{k.removeprefix('gaac_v3_')} {v.get('registers')}" for k, v in r["resources"].items()))
     for r in cand:
         print(f"rejected candidate B (tag plane) d={r['head_dim']}: {r['warp_instr_per_value']:.4f} warp-instr/value")
+    for r in fp8:
+        print(f"FP8 tiles {r['dtype']}: {r['warp_instr_per_code']:.4f} warp-instr / {r['issue_cycles_per_code']:.4f} issue "
+              f"cycles per code; decode alone at most {r['decode_alone_vs_fp8_stream']}x an FP8 code stream")
     return 0
 
 

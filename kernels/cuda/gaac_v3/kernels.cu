@@ -425,8 +425,8 @@ gaac_v3_decode_reduce(const uint8_t* __restrict__ pool, const long long* __restr
 #endif  // GAAC_FP8
 
 #if defined(GAAC_V3_COUNT)
-// Loop-free twin of one gaac_v3_decode item (the same decode_item), for eval/sass_decoder.py (and, with GAAC_FP8,
-// lab/experiments/sass_fp8_count.py): built with -DGAAC_V3_COUNT_STEPS=k its fix-up runs exactly k unrolled
+// Loop-free twin of one gaac_v3_decode item (the same decode_item), for eval/sass_decoder.py (BF16 and, with
+// GAAC_FP8, FP8 tiles): built with -DGAAC_V3_COUNT_STEPS=k its fix-up runs exactly k unrolled
 // 32-entry steps, so the static SASS count is what one warp issues for one window of WIN segments of a compressed
 // block (the BF16-block branch, never taken for those, is left out).
 extern "C" __global__ void gaac_v3_count_item(const uint8_t* __restrict__ pool, const long long* __restrict__ entries,
