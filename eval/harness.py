@@ -164,8 +164,9 @@ def kernel_gaps(intervals, steps: int, top: int = 25) -> dict:
     A gap is the time from the latest end so far to the next start (overlapping kernels leave none). Returns
     ``{"total_us": idle us per call, "busy_us": us per call with at least one kernel running (the union of the
     intervals: kernels that overlap, e.g. under programmatic dependent launch, count once), "after": {name: {"us":
-    idle us before it per call, "count": gaps per call}}}``, the ``top`` names with the most idle time first. Taken under the profiler, which may itself widen gaps: compare
-    cache kinds and builds measured the same way, not the total against an unprofiled wall time."""
+    idle us before it per call, "count": gaps per call}}}``, the ``top`` names with the most idle time first.
+    Taken under the profiler, which may itself widen gaps: compare cache kinds and builds measured the same way,
+    not the total against an unprofiled wall time."""
     agg: dict = {}
     total, busy, end = 0.0, 0.0, None
     for name, start, stop in sorted(intervals, key=lambda t: (t[1], t[2])):
