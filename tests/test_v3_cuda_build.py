@@ -145,5 +145,5 @@ def test_fp8_count_twin_builds_and_counts_its_fix_up_steps(tmp_path, fp8, dtype)
     row = sass_decoder.measure_fp8(fp8, dtype, str(tmp_path))
     assert row["sass_fix_step"] > 0 and row["sass_window_without_fix_steps"] > 0, row
     assert 0 < row["warp_instr_per_code"] < row["issue_cycles_per_code"], row
-    speed = sass_decoder.ISSUE_SLOTS_PER_S / row["issue_cycles_per_code"] / sass_decoder.FP8_STREAM_CODES_PER_S
+    speed = sass_decoder.ISSUE_SLOTS_PER_S / row["issue_cycles_per_code"] / sass_decoder.fp8_stream_codes_per_s()
     assert row["decode_alone_vs_fp8_stream"] == round(speed, 3)

@@ -268,18 +268,24 @@ def _set_max_dynamic_smem(kernel, nbytes: int, device_index: int) -> None:
     key = (id(kernel), device_index)
     if _smem_set.get(key, 0) >= nbytes:
         return
+    set_kernel_attribute(kernel, "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES", nbytes, device_index)
+    _smem_set[key] = nbytes
+
+
+def set_kernel_attribute(kernel, name: str, value: int, device_index: int) -> None:
+    """Set the driver attribute ``CUfunction_attribute.<name>`` of a loaded kernel (library kernels and plain
+    functions alike), e.g. its dynamic shared-memory limit or preferred shared-memory carveout."""
     from cuda.bindings import driver
 
-    attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    attr = getattr(driver.CUfunction_attribute, name)
     handle = kernel.handle
     if isinstance(handle, driver.CUkernel):
         _, dev = driver.cuDeviceGet(device_index)
-        (err,) = driver.cuKernelSetAttribute(attr, nbytes, handle, dev)
+        (err,) = driver.cuKernelSetAttribute(attr, value, handle, dev)
     else:
-        (err,) = driver.cuFuncSetAttribute(handle, attr, nbytes)
+        (err,) = driver.cuFuncSetAttribute(handle, attr, value)
     if err != driver.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"cannot allow {nbytes} B of dynamic shared memory: {err}")
-    _smem_set[key] = nbytes
+        raise RuntimeError(f"cannot set {name} = {value}: {err}")
 
 
 def _arg(a):

@@ -35,8 +35,6 @@ def main(argv=None) -> int:
     p.add_argument("--smem", type=int, default=200 * 1024)
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
-    from cuda.bindings import driver
-
     from gaac_hf.kernels.cuda import runtime
 
     dev = torch.device("cuda")
@@ -45,14 +43,7 @@ def main(argv=None) -> int:
     rows = []
 
     def carveout(kernel, percent):
-        attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
-        handle = kernel.handle
-        if isinstance(handle, driver.CUkernel):
-            _, d = driver.cuDeviceGet(dev.index or 0)
-            (err,) = driver.cuKernelSetAttribute(attr, percent, handle, d)
-        else:
-            (err,) = driver.cuFuncSetAttribute(handle, attr, percent)
-        assert err == driver.CUresult.CUDA_SUCCESS, err
+        runtime.set_kernel_attribute(kernel, "CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT", percent, dev.index or 0)
 
     for pdl in (0, 1):
         mod = runtime.load(SOURCE, {"GAAC_PDL": pdl} if pdl else {}, dev)
